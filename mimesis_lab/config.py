@@ -1,0 +1,204 @@
+"""Validated configuration: one pydantic model per ``params.yaml`` section.
+
+``params.yaml`` is the single source of truth. Every field carries a help text
+(``Field(description=...)``), unknown keys are errors, and types are strict
+(``"1"`` is not an int). :func:`load_params` turns any problem into a
+:class:`ConfigError` whose message names the file and the dotted key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class ConfigError(ValueError):
+    """A params file that does not validate; the message names file and key."""
+
+
+class Section(BaseModel):
+    """Base of every section: strict types, unknown keys rejected, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TrackingParams(Section):
+    enabled: bool = Field(True, description="Record stage and training runs in MLflow.")
+    tracking_uri: str = Field(
+        "sqlite:///mlflow/mlflow.db",
+        description="MLflow tracking URI; relative sqlite paths are resolved against the project root.",
+    )
+    artifact_location: str = Field(
+        "mlflow/artifacts", description="Artifact root for newly created experiments (relative to project root)."
+    )
+    experiment: str = Field("mimesis", description="MLflow experiment that every run of this pipeline is logged to.")
+
+
+class RoleSwapParams(Section):
+    mixture: dict[str, float] = Field(
+        description="Source mixture as `glob: ratio`. Each file matched by a glob is one source (its stem is the "
+        "source name). ratio <= 1 samples round(ratio*n) conversations without replacement; ratio > 1 samples "
+        "round(ratio*n) with replacement (seeded)."
+    )
+    no_swap_sources: list[str] = Field(
+        default_factory=list,
+        description="Source names (file stems) routed to the no-swap processor: their assistant turns stay the "
+        "target (human-LLM, theory-of-mind, social-reasoning and distillation sets).",
+    )
+    seed: int = Field(1234, description="Seed for mixture sampling and the final shuffle.")
+    max_message_chars: int = Field(
+        32_000, gt=0, description="Messages longer than this are quarantined as oversize (whole conversation)."
+    )
+    output: str = Field("data/processed/role_swap.parquet", description="Output parquet path.")
+
+    @field_validator("mixture")
+    @classmethod
+    def _ratios_positive(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("mixture must name at least one `glob: ratio` entry")
+        for glob, ratio in v.items():
+            if not ratio > 0:
+                raise ValueError(f"ratio for {glob!r} must be > 0, got {ratio}")
+        return v
+
+
+class ThoughtTraceParams(Section):
+    input: str = Field("data/raw/thoughttrace/thoughttrace.jsonl", description="ThoughtTrace JSONL file (glob allowed).")
+    include_reactions: bool = Field(
+        False,
+        description="Append the user's reaction to the previous AI reply into the <think> block "
+        "(the paper used reasons only: off).",
+    )
+    max_message_chars: int = Field(32_000, gt=0, description="Messages longer than this quarantine the conversation.")
+    output: str = Field("data/processed/thoughttrace.parquet", description="Output parquet path.")
+
+
+class OpenAIEndpoint(Section):
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL (…/v1).")
+    model: str = Field("annotator", description="Model name sent in the request.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key (may be unset).")
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
+    max_retries: int = Field(2, ge=0, description="Retries after a failed or schema-invalid answer.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
+
+
+class BehaviorsParams(Section):
+    annotator: Literal["rule", "openai"] = Field(
+        "rule", description="`rule`: deterministic transparent cues (offline default); `openai`: LLM annotator."
+    )
+    openai: OpenAIEndpoint = Field(default_factory=OpenAIEndpoint, description="Endpoint for the `openai` annotator.")
+    abcd_input: str = Field("data/raw/abcd/abcd_v1.1.json", description="ABCD conversations ({train,dev,test} or a list).")
+    kb: str = Field("data/raw/abcd/kb.json", description="ABCD kb.json: subflow -> required action buttons.")
+    guidelines: str = Field("data/raw/abcd/guidelines.json", description="ABCD guidelines.json (agent manual).")
+    neutral_share: float = Field(1 / 3, ge=0, le=1, description="Share of behaviour-task rows that are neutral.")
+    turn_budget: int = Field(8, gt=0, description="Maximum simulated user turns per behaviour rollout.")
+    seed: int = Field(1234, description="Seed for behaviour assignment.")
+    annotations_output: str = Field("data/processed/behavior_annotations.parquet", description="Annotation rows.")
+    frequencies_output: str = Field("data/processed/behavior_frequencies.parquet", description="In-sample counts.")
+    tasks_output: str = Field("data/processed/behavior_tasks.parquet", description="ABCD behaviour-task rows.")
+
+
+class SplitsParams(Section):
+    fractions: dict[str, float] = Field(
+        default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1},
+        description="Split name -> fraction of rows; must sum to 1. Whole groups (user, conversation, ABCD "
+        "scenario, connected across datasets) are assigned, so realised fractions are approximate.",
+    )
+    seed: int = Field(1234, description="Seed for the group shuffle.")
+    datasets: dict[str, str] = Field(
+        default_factory=lambda: {
+            "role_swap": "data/processed/role_swap.parquet",
+            "thoughttrace": "data/processed/thoughttrace.parquet",
+            "behavior_tasks": "data/processed/behavior_tasks.parquet",
+        },
+        description="Dataset name -> parquet to split. Each must have `conversation_id` and `user_id`; "
+        "`scenario_key` is used where present.",
+    )
+    output_dir: str = Field("data/splits", description="Writes <output_dir>/<dataset>/<split>.parquet.")
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions_sum_to_one(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v or any(f < 0 for f in v.values()) or abs(sum(v.values()) - 1.0) > 1e-6:
+            raise ValueError(f"fractions must be non-negative and sum to 1, got {v}")
+        return v
+
+
+class ValidateParams(Section):
+    report: str = Field("metrics/validate.json", description="Per-suite great-expectations results.")
+    fail_on_error: bool = Field(True, description="Exit non-zero when any expectation fails.")
+
+
+class Params(Section):
+    """The whole ``params.yaml``."""
+
+    tracking: TrackingParams = Field(default_factory=TrackingParams, description="MLflow tracking.")
+    role_swap: RoleSwapParams = Field(description="User-side mid-training data (role swap).")
+    thoughttrace: ThoughtTraceParams = Field(default_factory=ThoughtTraceParams, description="ThoughtTrace SFT data.")
+    behaviors: BehaviorsParams = Field(default_factory=BehaviorsParams, description="Behaviour annotation and tasks.")
+    splits: SplitsParams = Field(default_factory=SplitsParams, description="Leakage-safe grouped splits.")
+    validate_: ValidateParams = Field(
+        default_factory=ValidateParams, alias="validate", description="great-expectations validation."
+    )
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _no_swap_names_are_plain(self) -> "Params":
+        for name in self.role_swap.no_swap_sources:
+            if "/" in name or name.endswith(".jsonl"):
+                raise ValueError(f"role_swap.no_swap_sources entries are source names (file stems), got {name!r}")
+        return self
+
+
+def _format_error(path: Path, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key `{key}`")
+        else:
+            got = e.get("input")
+            lines.append(f"{path}: `{key}`: {e['msg']} (got {got!r})")
+    return "\n".join(lines)
+
+
+def parse_params(data: Any, source: str | Path = "<params>") -> Params:
+    """Validate an already-loaded mapping; raise :class:`ConfigError` naming each bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(Path(str(source)), err)) from None
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+    """Load and validate ``params.yaml``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read params file: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    return parse_params(data, path)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings to dotted keys (for MLflow params)."""
+    out: dict[str, Any] = {}
+    if isinstance(d, BaseModel):
+        d = d.model_dump(by_alias=True)
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix.rstrip(".")] = d
+    return out

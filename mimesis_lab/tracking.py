@@ -1,0 +1,131 @@
+"""MLflow helpers: the project's sqlite store, provenance tags, one run per stage/phase.
+
+Every run gets: flattened params of its ``params.yaml`` section, the git commit, the
+``dvc.lock`` hashes of the stage (when present), input file hashes, and metrics.
+A parent run is attached when ``MIMESIS_PARENT_RUN_ID`` is set (flows set it).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from mimesis_lab.config import TrackingParams
+
+PARENT_ENV = "MIMESIS_PARENT_RUN_ID"
+
+
+def project_root() -> Path:
+    """The repository root (the folder holding ``params.yaml``), found from this file."""
+    return Path(__file__).resolve().parent.parent
+
+
+def resolve_tracking_uri(uri: str, root: Path | None = None) -> str:
+    """Make a relative ``sqlite:///`` path absolute against the project root."""
+    root = root or project_root()
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        db = (root / uri[len(prefix):]).resolve()
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return f"{prefix}{db}"
+    return uri
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root or project_root(), capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def git_dirty(root: Path | None = None) -> bool | None:
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root or project_root(), capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def dvc_lock_hashes(stage: str, root: Path | None = None) -> dict[str, str]:
+    """``path -> md5`` of the stage's deps and outs as recorded in ``dvc.lock`` (empty if none)."""
+    lock = (root or project_root()) / "dvc.lock"
+    if not lock.exists():
+        return {}
+    data = yaml.safe_load(lock.read_text()) or {}
+    entry = (data.get("stages") or {}).get(stage) or {}
+    out: dict[str, str] = {}
+    for kind in ("deps", "outs"):
+        for item in entry.get(kind) or []:
+            if "md5" in item:
+                out[f"{kind}:{item['path']}"] = item["md5"]
+    return out
+
+
+def _setup(tracking: TrackingParams):
+    import mlflow
+
+    root = project_root()
+    mlflow.set_tracking_uri(resolve_tracking_uri(tracking.tracking_uri, root))
+    exp = mlflow.get_experiment_by_name(tracking.experiment)
+    if exp is None:
+        art = Path(tracking.artifact_location)
+        art = art if art.is_absolute() else root / art
+        art.mkdir(parents=True, exist_ok=True)
+        mlflow.create_experiment(tracking.experiment, artifact_location=art.resolve().as_uri())
+    mlflow.set_experiment(tracking.experiment)
+    return mlflow
+
+
+def log_stage_run(
+    tracking: TrackingParams,
+    stage: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    input_hashes: dict[str, str],
+    artifacts: Iterable[Path] = (),
+    tags: dict[str, str] | None = None,
+) -> str | None:
+    """Record one data-stage run; returns the MLflow run id (None when tracking is off)."""
+    if not tracking.enabled:
+        return None
+    mlflow = _setup(tracking)
+    root = project_root()
+    run_tags = {
+        "mimesis.stage": stage,
+        "mimesis.kind": "data",
+        "git_commit": git_commit(root) or "unknown",
+        "git_dirty": str(git_dirty(root)),
+    }
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        run_tags["mlflow.parentRunId"] = parent
+    run_tags.update(tags or {})
+    with mlflow.start_run(run_name=stage, tags=run_tags) as run:
+        # MLflow param values are capped in length; keep them as readable strings.
+        mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        mlflow.log_dict({"inputs": input_hashes, "dvc_lock": dvc_lock_hashes(stage, root)}, "provenance.json")
+        for name, digest in sorted(input_hashes.items())[:50]:
+            mlflow.set_tag(f"input_sha256.{Path(name).name}"[:250], digest)
+        for path in artifacts:
+            if Path(path).exists():
+                mlflow.log_artifact(str(path))
+        return run.info.run_id

@@ -1,0 +1,140 @@
+"""The shared edge of every data stage: outputs, quarantine, metrics, MLflow.
+
+A stage module builds a :class:`StageResult` from validated params (pure work plus
+reading its inputs) and calls :func:`main`, which writes
+
+- each output parquet,
+- ``data/quarantine/<stage>.parquet`` (``source_file``, ``row``, ``reason``, ``raw``),
+- ``metrics/<stage>.json`` with ``rows_in``, ``rows_out``, ``rows_quarantined`` (+ extras),
+
+checks ``rows_in == rows_out + rows_quarantined`` (a mismatch is a bug and fails the
+stage), logs the counts, and records the run in MLflow.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import polars as pl
+
+from mimesis_lab.config import ConfigError, Params, flatten, load_params
+from mimesis_lab.io import InputFileError, Quarantine
+
+log = logging.getLogger("mimesis.stages")
+
+QUARANTINE_DIR = Path("data/quarantine")
+METRICS_DIR = Path("metrics")
+
+
+class StageError(RuntimeError):
+    """A stage cannot produce valid output (message names what is wrong)."""
+
+
+@dataclass
+class StageResult:
+    outputs: dict[str, pl.DataFrame]
+    rows_in: int
+    rows_out: int
+    quarantine: Quarantine
+    inputs: list[Path] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def metrics_path(stage: str) -> Path:
+    return METRICS_DIR / f"{stage}.json"
+
+
+def quarantine_path(stage: str) -> Path:
+    return QUARANTINE_DIR / f"{stage}.parquet"
+
+
+def write_result(stage: str, result: StageResult) -> dict[str, Any]:
+    """Write outputs, quarantine and metrics; return the metrics dict."""
+    q = result.quarantine.to_frame().sort("source_file", "row", maintain_order=True)
+    if result.rows_in != result.rows_out + q.height:
+        raise StageError(
+            f"{stage}: row accounting broken: rows_in={result.rows_in} != rows_out={result.rows_out} "
+            f"+ rows_quarantined={q.height}"
+        )
+    for path, df in result.outputs.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(path)
+    qpath = quarantine_path(stage)
+    qpath.parent.mkdir(parents=True, exist_ok=True)
+    q.write_parquet(qpath)
+    reasons = (
+        q.with_columns(pl.col("reason").str.extract(r"^([^:]+)", 1).alias("kind"))
+        .group_by("kind").len().sort("kind")
+    )
+    metrics: dict[str, Any] = {
+        "rows_in": result.rows_in,
+        "rows_out": result.rows_out,
+        "rows_quarantined": q.height,
+        "quarantine_by_reason": {r["kind"]: r["len"] for r in reasons.iter_rows(named=True)},
+        **result.extra,
+    }
+    mpath = metrics_path(stage)
+    mpath.parent.mkdir(parents=True, exist_ok=True)
+    mpath.write_text(json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    log.info(
+        "%s: rows_in=%d rows_out=%d rows_quarantined=%d -> %s",
+        stage, result.rows_in, result.rows_out, q.height, ", ".join(result.outputs) or "-",
+    )
+    return metrics
+
+
+def _scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, bool):
+            out[key] = float(v)
+        elif isinstance(v, (int, float)):
+            out[key] = float(v)
+        elif isinstance(v, dict):
+            out.update(_scalar_metrics(v, key + "."))
+    return {k.replace(" ", "_")[:250]: v for k, v in out.items()}
+
+
+def track(stage: str, params: Params, section: Any, result: StageResult, metrics: dict[str, Any]) -> str | None:
+    from mimesis_lab.tracking import file_sha256, log_stage_run
+
+    hashes = {str(p): file_sha256(p) for p in result.inputs if Path(p).is_file()}
+    return log_stage_run(
+        params.tracking,
+        stage,
+        flatten(section, f"{stage}."),
+        _scalar_metrics(metrics),
+        hashes,
+        artifacts=[metrics_path(stage), Path("params.yaml")],
+    )
+
+
+def main(stage: str, build: Callable[[Params], StageResult], section: Callable[[Params], Any],
+         argv: list[str] | None = None) -> int:
+    """CLI entry of a stage: ``python -m stages.<stage> [--params params.yaml] [--no-track]``."""
+    parser = argparse.ArgumentParser(prog=f"stages.{stage}")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    t0 = time.perf_counter()
+    try:
+        params = load_params(args.params)
+        result = build(params)
+        metrics = write_result(stage, result)
+    except (ConfigError, InputFileError, StageError) as e:
+        print(f"{stage}: error: {e}", file=sys.stderr)
+        return 2
+    if not args.no_track:
+        run_id = track(stage, params, section(params), result, metrics)
+        if run_id:
+            log.info("%s: MLflow run %s", stage, run_id)
+    log.info("%s: done in %.2fs", stage, time.perf_counter() - t0)
+    return 0

@@ -1,0 +1,115 @@
+import json
+
+import polars as pl
+
+from mimesis_lab.config import ThoughtTraceParams
+from mimesis_lab.thoughttrace import (
+    build_system_prompt, format_conversation, is_alternating, think_block,
+)
+from stages.thoughttrace import run_thoughttrace
+from tests.conftest import FIXTURES, ROOT
+
+MALFORMED = FIXTURES / "malformed" / "thoughttrace_malformed.jsonl"
+
+RECORD = {
+    "id": "user7_task2_conversation1",
+    "model_name": "gpt-4o",
+    "task_summary": "Plan a weekend in Lisbon",
+    "task_expectation": "A short itinerary",
+    "survey_answers": [{"age": "25-34", "gender": "Female", "education": None, "occupation": "Nurse",
+                        "frequency": "Daily", "purposes": ["Travel", "Writing"]}],
+    "messages": [
+        {"type": "user", "content": "weekend in lisbon?",
+         "reasons": [{"content": "I wanted a quick plan", "label": "information_seeking"},
+                     {"content": " see if it knows trams ", "label": "testing"}]},
+        {"type": "assistant", "content": "Day 1: Alfama...",
+         "reactions": [{"content": "too long", "label": "dissatisfied"}]},
+        {"type": "user", "content": "shorter pls", "reasons": []},
+        {"type": "assistant", "content": "Alfama, Belém."},
+    ],
+}
+
+
+def test_format_conversation_hand_computed():
+    msgs = format_conversation(RECORD)
+    assert msgs[0]["role"] == "system"
+    assert msgs[0]["content"].endswith(
+        "Task: Plan a weekend in Lisbon\nExpectations: A short itinerary\n"
+        "User profile: age: 25-34; gender: Female; occupation: Nurse; frequency: Daily; purposes: Travel, Writing")
+    assert msgs[1:] == [
+        {"role": "assistant", "content": "<think>I wanted a quick plan\nsee if it knows trams</think>weekend in lisbon?"},
+        {"role": "user", "content": "Day 1: Alfama..."},
+        {"role": "assistant", "content": "<think></think>shorter pls"},
+        {"role": "user", "content": "Alfama, Belém."},
+    ]
+
+
+def test_include_reactions_puts_previous_reaction_in_think():
+    msgs = format_conversation(RECORD, include_reactions=True)
+    assert msgs[1]["content"].startswith("<think>I wanted")                 # no previous reply
+    assert msgs[3]["content"] == "<think>Reaction to the last reply: too long</think>shorter pls"
+
+
+def test_helpers():
+    assert think_block(["a", "b"], ["r"]) == "Reaction to the last reply: r\na\nb"
+    assert is_alternating(["user", "assistant", "user"]) == (True, None)
+    assert is_alternating(["user", "user"])[1] == "messages 0 and 1 are both 'user'"
+    assert is_alternating(["assistant"])[0] is False
+    assert build_system_prompt(None, None, None).count("\n") == 0
+
+
+def _run(tmp_path, records, **kw):
+    p = tmp_path / "tt.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return run_thoughttrace(ThoughtTraceParams(input=str(p), **kw))
+
+
+def test_stage_matches_reference_function(in_tmp):
+    for inc in (False, True):
+        r = _run(in_tmp, [RECORD], include_reactions=inc)
+        row = r.outputs["data/processed/thoughttrace.parquet"].row(0, named=True)
+        assert row["messages"] == format_conversation(RECORD, inc)
+        assert row["user_id"] == "user7" and row["task_id"] == "task2"
+        assert row["n_target_turns"] == 2 and row["n_turns_without_reasons"] == 1
+        assert row["turns"][0] == {"role": "user", "content": "weekend in lisbon?",
+                                   "reasons": ["I wanted a quick plan", "see if it knows trams"], "reactions": []}
+        assert row["turns"][1]["reactions"] == ["too long"]
+        assert row["include_reactions"] is inc
+
+
+def test_malformed_thoughttrace_rows(in_tmp):
+    r = run_thoughttrace(ThoughtTraceParams(input=str(MALFORMED)))
+    q = r.quarantine.to_frame()
+    reasons = dict(zip(q["row"].to_list(), q["reason"].to_list()))
+    assert r.rows_in == 10 and r.rows_out == 1 and r.rows_in == r.rows_out + q.height
+    assert reasons[2] == "non-alternating: messages 0 and 1 are both 'user'"
+    assert reasons[3] == "non-alternating: first message is 'assistant', expected 'user'"
+    assert "length >= 1 - at `$.messages`" in reasons[4]
+    assert "Invalid enum value 'system' - at `$.messages[1].type`" in reasons[5]
+    assert "at `$.id`" in reasons[6]
+    assert reasons[7].startswith("malformed JSON")
+    assert reasons[8].startswith("duplicate: id user1_task1_conversation1")
+    assert "missing required field `task_summary`" in reasons[9]
+    assert "at `$.survey_answers`" in reasons[10]
+
+
+def test_oversize_message(in_tmp):
+    rec = json.loads(json.dumps(RECORD))
+    rec["messages"][1]["content"] = "x" * 101
+    r = _run(in_tmp, [rec], max_message_chars=100)
+    assert r.rows_out == 0
+    assert r.quarantine.reason[0] == "oversize: `messages[1].content` has 101 chars > max_message_chars=100"
+
+
+def test_bundled_fixture_formats_like_reference():
+    path = ROOT / "data" / "raw" / "thoughttrace" / "thoughttrace.jsonl"
+    recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    r = run_thoughttrace(ThoughtTraceParams(input=str(path)))
+    out = r.outputs["data/processed/thoughttrace.parquet"]
+    assert r.rows_in == len(recs) >= 40
+    by_id = {rec["id"]: rec for rec in recs}
+    for row in out.iter_rows(named=True):
+        assert row["messages"] == format_conversation(by_id[row["conversation_id"]])
+    ok = {rec["id"] for rec in recs if is_alternating([m["type"] for m in rec["messages"]])[0]}
+    assert set(out["conversation_id"].to_list()) == ok
+    assert out.filter(pl.col("n_target_turns") < 1).height == 0
