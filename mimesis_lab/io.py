@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 import polars as pl
+import pyarrow as pa
+import pyarrow.json as pa_json
 
 QUARANTINE_SCHEMA = {
     "source_file": pl.Utf8,
@@ -126,12 +128,56 @@ def read_jsonl(path: Path, schema: type, quarantine: Quarantine) -> JsonlBatch:
     return JsonlBatch(path=path, lines=lines, line_numbers=numbers, rows_in=rows_in)
 
 
-def decode_lines(lines: list[bytes], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """Vectorised decode of already-validated JSON lines into a frame with ``schema``."""
-    if not lines:
-        return pl.DataFrame(schema=schema)
-    buf = b"\n".join(lines)
-    return pl.read_ndjson(io.BytesIO(buf), schema=schema)
+def _arrow_read(data: bytes, arrow_schema: pa.Schema, max_line: int) -> pa.Table:
+    opts = pa_json.ParseOptions(explicit_schema=arrow_schema, unexpected_field_behavior="ignore")
+    block = max(4 << 20, 2 * max_line + 1)  # a record may not straddle two blocks
+    return pa_json.read_json(io.BytesIO(data), read_options=pa_json.ReadOptions(block_size=block),
+                             parse_options=opts)
+
+
+def read_jsonl_frame(path: Path, schema: type, arrow_schema: pa.Schema, suspect: pl.Expr,
+                     quarantine: Quarantine) -> tuple[pl.DataFrame, int]:
+    """Read a JSONL file into a polars frame (plus a 1-based ``row`` column), losing nothing.
+
+    Fast path: one multi-threaded, type-strict Arrow JSON read of the whole file (a
+    field of the wrong type, malformed JSON or invalid UTF-8 anywhere makes it fail);
+    rows flagged by the cheap vectorised ``suspect`` expression (nulls in required
+    fields, unknown enum values, …: a superset of the schema violations Arrow lets
+    through) are re-checked with the msgspec ``schema`` and quarantined with its
+    precise reason. Slow path, taken only when the Arrow read fails: every line is
+    validated with msgspec (:func:`read_jsonl`) and only the valid ones are decoded.
+    The msgspec schema is the single source of truth for reasons in both paths.
+    Returns the frame and the number of records read (non-blank lines).
+    """
+    data = read_bytes(path)
+    lines = data.split(b"\n")
+    numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
+    max_line = max(map(len, lines), default=0)
+    try:
+        table = _arrow_read(data, arrow_schema, max_line)
+        if table.num_rows != len(numbers):
+            raise ValueError("row count differs from the number of non-blank lines")
+    except (pa.ArrowInvalid, UnicodeDecodeError, ValueError):
+        batch = read_jsonl(path, schema, quarantine)
+        table = _arrow_read(b"\n".join(batch.lines), arrow_schema, max_line)
+        if table.num_rows != len(batch.line_numbers):  # pragma: no cover - would be a bug
+            raise InputFileError(f"{path}: validated lines did not decode one row per line")
+        df = pl.from_arrow(table).with_columns(pl.Series("row", batch.line_numbers, dtype=pl.Int64))
+        return df, batch.rows_in
+    df = pl.from_arrow(table).with_columns(pl.Series("row", numbers, dtype=pl.Int64))
+    flagged = df.filter(suspect).get_column("row").to_list()
+    if flagged:
+        decoder = msgspec.json.Decoder(schema)
+        bad = []
+        for row in flagged:
+            try:
+                decoder.decode(lines[row - 1])
+            except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                quarantine.add(str(path), row, f"schema: {e}", lines[row - 1])
+                bad.append(row)
+        if bad:
+            df = df.filter(~pl.col("row").is_in(bad))
+    return df, len(numbers)
 
 
 def load_json_document(path: Path) -> Any:

@@ -7,7 +7,7 @@ user, conversation or scenario can end up in two splits. Components are shuffled
 """
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -47,23 +47,29 @@ def connected_groups(keys_per_row: Sequence[Iterable[str]]) -> list[str]:
     return [str(uf.find(keys[0])) for keys in rows]
 
 
-def assign_splits(group_sizes: dict[str, int], fractions: dict[str, float], seed: int) -> dict[str, str]:
-    """Map each group to a split name.
+def assign_splits(group_sizes: Mapping[str, int | Mapping[str, int]], fractions: Mapping[str, float],
+                  seed: int) -> dict[str, str]:
+    """Map each group to a split name, balancing every stratum (dataset) at once.
 
-    Groups are visited in a seeded random order (from a sorted, hence reproducible,
-    list) and each goes to the split with the largest deficit ``target - assigned``,
-    where ``target = fraction * total rows``; ties go to the split listed first.
+    ``group_sizes[g]`` is the group's row count, or its row count per stratum. Groups
+    are visited in a seeded random order (of the sorted names, hence reproducible) and
+    each goes to the split ``j`` with the largest weighted relative deficit
+    ``sum_d n_gd * (f_j * N_d - assigned_jd) / N_d``, so each dataset's realised
+    fractions approach the targets; ties go to the split listed first.
     """
     names = list(fractions)
-    total = sum(group_sizes.values())
-    target = np.array([fractions[n] * total for n in names])
-    assigned = np.zeros(len(names))
     order = sorted(group_sizes)
+    rows = [group_sizes[g] if isinstance(group_sizes[g], Mapping) else {"": group_sizes[g]} for g in order]
+    strata = sorted({k for r in rows for k in r})
+    m = np.array([[r.get(k, 0) for k in strata] for r in rows], dtype=float).reshape(len(rows), len(strata))
+    total = np.maximum(m.sum(axis=0), 1.0)
+    target = np.array([fractions[n] for n in names])[:, None] * m.sum(axis=0)[None, :]
+    assigned = np.zeros_like(target)
     perm = np.random.default_rng(seed).permutation(len(order))
     out: dict[str, str] = {}
     for i in perm:
-        g = order[i]
-        j = int(np.argmax(target - assigned))
-        out[g] = names[j]
-        assigned[j] += group_sizes[g]
+        score = ((target - assigned) / total) @ m[i]
+        j = int(np.argmax(score))
+        out[order[i]] = names[j]
+        assigned[j] += m[i]
     return out

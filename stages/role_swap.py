@@ -13,10 +13,11 @@ from typing import Annotated, Literal
 
 import msgspec
 import polars as pl
+import pyarrow as pa
 
-from mimesis_lab.chat import role_swap_frame
+from mimesis_lab.chat import ROLES, role_swap_frame
 from mimesis_lab.config import Params, RoleSwapParams
-from mimesis_lab.io import InputFileError, Quarantine, decode_lines, expand_glob, read_jsonl
+from mimesis_lab.io import InputFileError, Quarantine, expand_glob, read_jsonl_frame
 from mimesis_lab.mixture import mixture_copies, source_rng
 from stages.common import StageError, StageResult, main
 
@@ -39,14 +40,26 @@ class WildChatRecord(msgspec.Struct):
     language: str | None = None
 
 
-MESSAGE = pl.Struct({"role": pl.Utf8, "content": pl.Utf8, "hashed_ip": pl.Utf8})
-DECODE_SCHEMA = {
-    "conversation_hash": pl.Utf8,
-    "model": pl.Utf8,
-    "language": pl.Utf8,
-    "hashed_ip": pl.Utf8,
-    "conversation": pl.List(MESSAGE),
-}
+ARROW_SCHEMA = pa.schema([
+    ("conversation_hash", pa.string()),
+    ("model", pa.string()),
+    ("language", pa.string()),
+    ("hashed_ip", pa.string()),
+    ("conversation", pa.list_(pa.struct([
+        ("role", pa.string()), ("content", pa.string()), ("hashed_ip", pa.string())]))),
+])
+
+
+def _suspect() -> pl.Expr:
+    """Rows Arrow accepted that may still violate :class:`WildChatRecord` (nulls, unknown roles)."""
+    conv = pl.col("conversation")
+    msg = pl.element()
+    bad_msg = (msg.is_null() | msg.struct.field("content").is_null()
+               | ~msg.struct.field("role").is_in(list(ROLES)).fill_null(False))
+    return (pl.col("conversation_hash").is_null() | conv.is_null() | (conv.list.len() == 0)
+            | conv.list.eval(bad_msg).list.any().fill_null(True))
+
+
 OUTPUT_COLUMNS = [
     "conversation_id", "user_id", "source", "source_file", "row", "swap", "copies",
     "messages", "n_messages", "n_target_turns", "model", "language",
@@ -63,16 +76,13 @@ def load_sources(cfg: RoleSwapParams, quarantine: Quarantine) -> tuple[pl.DataFr
             if path in seen:
                 raise InputFileError(f"{path}: matched by two mixture globs ({seen[path]!r} and {glob!r})")
             seen[path] = glob
-            batch = read_jsonl(path, WildChatRecord, quarantine)
-            rows_in += batch.rows_in
-            frames.append(
-                decode_lines(batch.lines, DECODE_SCHEMA).with_columns(
-                    pl.lit(path.stem).alias("source"),
-                    pl.lit(str(path)).alias("source_file"),
-                    pl.Series("row", batch.line_numbers, dtype=pl.Int64),
-                    pl.lit(ratio, dtype=pl.Float64).alias("ratio"),
-                )
-            )
+            df, n = read_jsonl_frame(path, WildChatRecord, ARROW_SCHEMA, _suspect(), quarantine)
+            rows_in += n
+            frames.append(df.with_columns(
+                pl.lit(path.stem).alias("source"),
+                pl.lit(str(path)).alias("source_file"),
+                pl.lit(ratio, dtype=pl.Float64).alias("ratio"),
+            ))
     sources = {p.stem for p in seen}
     unknown = sorted(set(cfg.no_swap_sources) - sources)
     if unknown:

@@ -53,7 +53,10 @@ def run_splits(cfg: SplitsParams) -> StageResult:
             owners.append((name, i))
     groups = connected_groups(keys)
     sizes = Counter(groups)
-    split_of = assign_splits(dict(sizes), cfg.fractions, cfg.seed)
+    per_stratum: dict[str, Counter] = {}
+    for (name, _), g in zip(owners, groups):
+        per_stratum.setdefault(g, Counter())[name] += 1
+    split_of = assign_splits(per_stratum, cfg.fractions, cfg.seed)
     per_ds: dict[str, list[str]] = {n: [""] * d.height for n, d in data.items()}
     for (name, i), g in zip(owners, groups):
         per_ds[name][i] = split_of[g]

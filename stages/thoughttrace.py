@@ -11,9 +11,10 @@ from typing import Annotated, Literal
 
 import msgspec
 import polars as pl
+import pyarrow as pa
 
 from mimesis_lab.config import Params, ThoughtTraceParams
-from mimesis_lab.io import Quarantine, decode_lines, expand_glob, read_jsonl
+from mimesis_lab.io import Quarantine, expand_glob, read_jsonl_frame
 from mimesis_lab.thoughttrace import PROFILE_FIELDS, REACTION_PREFIX, SYSTEM_HEADER
 from stages.common import StageResult, main
 
@@ -37,7 +38,7 @@ class TTMessage(msgspec.Struct):
 
 
 class TTSurvey(msgspec.Struct):
-    age: str | int | None = None
+    age: str | None = None
     gender: str | None = None
     education: str | None = None
     occupation: str | None = None
@@ -54,18 +55,37 @@ class TTRecord(msgspec.Struct):
     survey_answers: list[TTSurvey] | None = None
 
 
-NOTE = pl.List(pl.Struct({"content": pl.Utf8, "label": pl.Utf8, "timestamp": pl.Utf8}))
-DECODE_SCHEMA = {
-    "id": pl.Utf8,
-    "model_name": pl.Utf8,
-    "task_summary": pl.Utf8,
-    "task_expectation": pl.Utf8,
-    "survey_answers": pl.List(pl.Struct({
-        "age": pl.Utf8, "gender": pl.Utf8, "education": pl.Utf8, "occupation": pl.Utf8,
-        "frequency": pl.Utf8, "purposes": pl.List(pl.Utf8),
-    })),
-    "messages": pl.List(pl.Struct({"type": pl.Utf8, "content": pl.Utf8, "reasons": NOTE, "reactions": NOTE})),
-}
+_NOTE = pa.list_(pa.struct([("content", pa.string()), ("label", pa.string()), ("timestamp", pa.string())]))
+ARROW_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("model_name", pa.string()),
+    ("task_summary", pa.string()),
+    ("task_expectation", pa.string()),
+    ("survey_answers", pa.list_(pa.struct([
+        ("age", pa.string()), ("gender", pa.string()), ("education", pa.string()),
+        ("occupation", pa.string()), ("frequency", pa.string()), ("purposes", pa.list_(pa.string())),
+    ]))),
+    ("messages", pa.list_(pa.struct([
+        ("type", pa.string()), ("content", pa.string()), ("reasons", _NOTE), ("reactions", _NOTE)]))),
+])
+
+
+def _suspect() -> pl.Expr:
+    """Rows Arrow accepted that may still violate :class:`TTRecord` (nulls, enum values, id pattern)."""
+    el = pl.element()
+    bad_note = el.is_null() | el.struct.field("content").is_null()
+    bad_msg = (el.is_null() | el.struct.field("content").is_null()
+               | ~el.struct.field("type").is_in(["user", "assistant"]).fill_null(False)
+               | el.struct.field("reasons").list.eval(bad_note).list.any().fill_null(False)
+               | el.struct.field("reactions").list.eval(bad_note).list.any().fill_null(False))
+    msgs = pl.col("messages")
+    return (~pl.col("id").str.contains(ID_PATTERN).fill_null(False) | pl.col("task_summary").is_null()
+            | msgs.is_null() | (msgs.list.len() == 0) | msgs.list.eval(bad_msg).list.any().fill_null(True)
+            | pl.col("survey_answers").list.eval(el.is_null()
+                                                 | el.struct.field("purposes").list.eval(pl.element().is_null())
+                                                 .list.any().fill_null(False)).list.any().fill_null(False))
+
+
 OUTPUT_COLUMNS = [
     "conversation_id", "user_id", "task_id", "model_name", "source_file", "row", "system_prompt",
     "messages", "turns", "n_messages", "n_target_turns", "n_turns_without_reasons", "include_reactions",
@@ -154,11 +174,10 @@ def run_thoughttrace(cfg: ThoughtTraceParams) -> StageResult:
     quarantine = Quarantine()
     frames, files, rows_in = [], [], 0
     for path in expand_glob(cfg.input):
-        batch = read_jsonl(path, TTRecord, quarantine)
-        rows_in += batch.rows_in
+        df, n = read_jsonl_frame(path, TTRecord, ARROW_SCHEMA, _suspect(), quarantine)
+        rows_in += n
         files.append(path)
-        frames.append(decode_lines(batch.lines, DECODE_SCHEMA).with_columns(
-            pl.lit(str(path)).alias("source_file"), pl.Series("row", batch.line_numbers, dtype=pl.Int64)))
+        frames.append(df.with_columns(pl.lit(str(path)).alias("source_file")))
     df = pl.concat(frames).with_columns(pl.int_range(pl.len()).alias("_i"))
     lens = pl.col("messages").list.eval(pl.element().struct.field("content").str.len_chars())
     df = df.with_columns(_max_len=lens.list.max(), _argmax=lens.list.arg_max())

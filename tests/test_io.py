@@ -25,3 +25,64 @@ def test_json_document_error_names_file_and_line(tmp_path):
     p.write_text('{\n  "train": [\n    {"a": 1},\n    oops\n  ]\n}\n')
     with pytest.raises(InputFileError, match=r"doc.json \(line 4\): not valid JSON"):
         load_json_document(p)
+
+
+# Fast path (one Arrow read + msgspec re-check of suspects) and slow path (msgspec on
+# every line) must quarantine the same rows with the same reasons.
+import json  # noqa: E402
+
+import pytest as _pytest  # noqa: E402
+
+from mimesis_lab.io import read_jsonl_frame  # noqa: E402
+from stages import role_swap as _rs, thoughttrace as _tt  # noqa: E402
+
+_GOOD = {"conversation_hash": "g", "hashed_ip": "u", "conversation": [{"role": "user", "content": "x"}]}
+
+
+@_pytest.mark.parametrize("bad", [
+    {"hashed_ip": "u", "conversation": [{"role": "user", "content": "x"}]},               # missing id
+    {"conversation_hash": "b", "conversation": []},                                       # empty
+    {"conversation_hash": "b", "conversation": None},                                     # null
+    {"conversation_hash": "b", "conversation": [{"role": "bot", "content": "x"}]},         # enum
+    {"conversation_hash": "b", "conversation": [{"role": "user"}]},                        # missing content
+    {"conversation_hash": "b", "conversation": [None]},                                    # null message
+    {"conversation_hash": None, "conversation": [{"role": "user", "content": "x"}]},       # null id
+])
+def test_fast_and_slow_paths_agree_role_swap(tmp_path, bad):
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps(_GOOD) + "\n" + json.dumps(bad) + "\n")
+    q_fast = Quarantine()
+    df, n = read_jsonl_frame(p, _rs.WildChatRecord, _rs.ARROW_SCHEMA, _rs._suspect(), q_fast)
+    q_slow = Quarantine()
+    read_jsonl(p, _rs.WildChatRecord, q_slow)
+    assert n == 2 and df.height == 1 and df["row"].to_list() == [1]
+    assert q_fast.reason == q_slow.reason and q_fast.row == [2] and len(q_slow) == 1
+
+
+_TT = {"id": "user1_task1_conversation1", "task_summary": "t",
+       "messages": [{"type": "user", "content": "x", "reasons": [{"content": "r"}]}]}
+
+
+@_pytest.mark.parametrize("patch", [
+    {"id": "nope"}, {"task_summary": None}, {"messages": []},
+    {"messages": [{"type": "system", "content": "x"}]},
+    {"messages": [{"type": "user", "content": "x", "reasons": [{"label": "no content"}]}]},
+    {"survey_answers": [None]},
+    {"survey_answers": [{"purposes": ["a", None]}]},
+])
+def test_fast_and_slow_paths_agree_thoughttrace(tmp_path, patch):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps(_TT) + "\n" + json.dumps({**_TT, **patch}) + "\n")
+    q_fast, q_slow = Quarantine(), Quarantine()
+    df, n = read_jsonl_frame(p, _tt.TTRecord, _tt.ARROW_SCHEMA, _tt._suspect(), q_fast)
+    read_jsonl(p, _tt.TTRecord, q_slow)
+    assert n == 2 and df.height == 1
+    assert q_fast.reason == q_slow.reason and len(q_slow) == 1
+
+
+def test_long_line_larger_than_arrow_block(tmp_path):
+    p = tmp_path / "x.jsonl"
+    big = {**_GOOD, "conversation": [{"role": "user", "content": "y" * (6 << 20)}]}
+    p.write_text(json.dumps(_GOOD) + "\n" + json.dumps({**big, "conversation_hash": "big"}) + "\n")
+    df, n = read_jsonl_frame(p, _rs.WildChatRecord, _rs.ARROW_SCHEMA, _rs._suspect(), Quarantine())
+    assert df.height == 2

@@ -71,3 +71,16 @@ def test_check_no_leak_detects_leak():
             "d/b/test.parquet": pl.DataFrame({"user_id": ["u1"], "conversation_id": ["c2"]})}
     with pytest.raises(StageError, match="leak: user:u1 is in splits 'train' and 'test'"):
         check_no_leak(outs)
+
+
+def test_assign_splits_balances_each_stratum():
+    # stratum "small" has few groups; a global-only balance can leave its test split empty
+    sizes = {f"big{i}": {"big": 10} for i in range(40)}
+    sizes.update({f"small{i}": {"small": 1} for i in range(20)})
+    sizes.update({f"both{i}": {"big": 2, "small": 1} for i in range(5)})
+    a = assign_splits(sizes, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=0)
+    for stratum in ("big", "small"):
+        tot = sum(v.get(stratum, 0) for v in sizes.values())
+        for split, f in {"train": 0.8, "val": 0.1, "test": 0.1}.items():
+            got = sum(v.get(stratum, 0) for g, v in sizes.items() if a[g] == split)
+            assert abs(got / tot - f) <= 0.08, (stratum, split, got, tot)

@@ -1,0 +1,170 @@
+"""LLM behaviour annotator over an OpenAI-compatible ``/chat/completions`` endpoint.
+
+The request asks for structured output (``response_format`` = strict JSON schema
+``behavior_annotations``: ``{"annotations": [{behavior, turns, quote, severity,
+rationale}]}``). The answer is parsed and checked with
+:func:`mimesis_lab.behaviors.validate_annotations` (behaviour in B1..B13|N, turns that
+exist, severity 1..3, strings). A transport error, an HTTP error status, a body that is
+not JSON, a missing message or a schema-violating answer is retried up to
+``max_retries`` times; after that the result is a failure carrying the last reason — the
+stage quarantines the conversation (``annotator: …``), it is never dropped or turned
+into ``N`` silently.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import httpx
+
+from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, Turn, serialize_conversation, validate_annotations
+from mimesis_lab.config import OpenAIEndpoint
+
+ANNOTATION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "annotations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "behavior": {"type": "string", "enum": list(ALL_CODES)},
+                    "turns": {"type": "array", "items": {"type": "integer"}},
+                    "quote": {"type": "string"},
+                    "severity": {"type": "integer", "enum": [1, 2, 3]},
+                    "rationale": {"type": "string"},
+                },
+                "required": ["behavior", "turns", "quote", "severity", "rationale"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["annotations"],
+    "additionalProperties": False,
+}
+
+RETRY_BACKOFF_S = 1.0  # seconds; the k-th retry waits k * this
+
+RESPONSE_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {"name": "behavior_annotations", "strict": True, "schema": ANNOTATION_SCHEMA},
+}
+
+
+def system_prompt() -> str:
+    codes = "\n".join(
+        f"- {b.id} {b.name}: {b.definition}" + (" (may be coded from the self-reports alone)" if b.needs_trace else "")
+        for b in TAXONOMY.values()
+    )
+    return (
+        "You annotate human-AI conversations for realistic user behaviours. Each numbered turn is a USER or "
+        "ASSISTANT message; user turns carry the user's self-reported reasons for sending them, assistant turns "
+        "the user's self-reported reactions to that reply. Behaviours such as noncooperation and "
+        "contradiction are relations between turns.\n\nCodes:\n" + codes + "\n\n"
+        "Return every behaviour the USER exhibits, at most one annotation per code: `turns` are the 0-based "
+        "turn indices involved, `quote` the most telling excerpt (at most 200 characters), `severity` 1 (mild) "
+        "to 3 (strong), `rationale` one sentence. If the user exhibits none, return exactly one `N` annotation "
+        "with empty turns."
+    )
+
+
+@dataclass
+class AnnotatorResult:
+    """``annotations`` on success, else ``error`` (the last failure's reason)."""
+
+    annotations: list[dict[str, Any]] | None
+    error: str | None = None
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.annotations is not None
+
+
+class OpenAIAnnotator:
+    """Annotates conversations through ``{base_url}/chat/completions`` with bounded retries."""
+
+    def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None,
+                 backoff_s: float | None = None):
+        self.endpoint = endpoint
+        self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._own_client = client is None
+        self.client = client or httpx.Client(timeout=endpoint.timeout_s)
+        self.headers = headers
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+
+    def close(self) -> None:
+        if self._own_client:
+            self.client.close()
+
+    def __enter__(self) -> "OpenAIAnnotator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def request_body(self, turns: Sequence[Turn]) -> dict[str, Any]:
+        return {
+            "model": self.endpoint.model,
+            "temperature": self.endpoint.temperature,
+            "messages": [
+                {"role": "system", "content": system_prompt()},
+                {"role": "user", "content": serialize_conversation(turns)},
+            ],
+            "response_format": RESPONSE_FORMAT,
+        }
+
+    def _attempt(self, body: dict[str, Any], n_turns: int) -> list[dict[str, Any]]:
+        """One request; raises ``ValueError`` with a short reason on any failure."""
+        try:
+            resp = self.client.post(self.url, json=body, headers=self.headers, timeout=self.endpoint.timeout_s)
+        except httpx.HTTPError as e:
+            raise ValueError(f"request failed: {type(e).__name__}: {e}") from None
+        if resp.status_code >= 400:
+            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            payload = resp.json()
+        except ValueError as e:
+            raise ValueError(f"response body is not JSON: {e}") from None
+        try:
+            message = payload["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("response has no choices[0].message") from None
+        if not isinstance(message, dict):
+            raise ValueError("choices[0].message is not an object")
+        if message.get("refusal"):
+            raise ValueError(f"model refused: {str(message['refusal'])[:200]}")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise ValueError("choices[0].message.content is not a string")
+        try:
+            answer = json.loads(content)
+        except ValueError as e:
+            raise ValueError(f"answer is not valid JSON: {e}") from None
+        try:
+            return validate_annotations(answer, n_turns)
+        except ValueError as e:
+            raise ValueError(f"schema: {e}") from None
+
+    def annotate(self, turns: Sequence[Turn]) -> AnnotatorResult:
+        body = self.request_body(turns)
+        errors: list[str] = []
+        for attempt in range(self.endpoint.max_retries + 1):
+            if attempt and self.backoff_s > 0:
+                time.sleep(self.backoff_s * attempt)
+            try:
+                rows = self._attempt(body, len(turns))
+            except ValueError as e:
+                errors.append(str(e))
+                continue
+            return AnnotatorResult(rows, None, attempt + 1, errors)
+        n = len(errors)
+        return AnnotatorResult(None, f"failed after {n} attempt{'s' if n != 1 else ''}: {errors[-1]}", n, errors)

@@ -1,0 +1,151 @@
+"""DVC stage ``behaviors``: behaviour annotation of ThoughtTrace + ABCD behaviour-task rows (SPEC §2.4).
+
+1. Every ThoughtTrace conversation (``data/processed/thoughttrace.parquet``, column
+   ``turns``) is annotated by the ``rule`` or ``openai`` annotator; an annotator failure
+   quarantines the conversation (``annotator: …``). Frequencies are in-sample counts.
+2. Every valid ABCD conversation gives one candidate behaviour-task row (seeded neutral
+   share, balanced B1..B13); each is checked by the independent grounding check, failures
+   are quarantined (``grounding: …``). Malformed ABCD records are quarantined too.
+
+Accounting: rows_in = ThoughtTrace conversations + ABCD records; rows_out = annotated
+conversations + task rows written.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from mimesis_lab.abcd import build_task_rows, check_grounding, load_abcd, load_guidelines, load_kb
+from mimesis_lab.annotators import OpenAIAnnotator
+from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, rule_annotate
+from mimesis_lab.config import Params
+from mimesis_lab.io import InputFileError, Quarantine, to_raw
+from stages.common import StageResult
+from stages.common import main as stage_main
+
+STAGE = "behaviors"
+
+ANNOTATION_SCHEMA = {
+    "conversation_id": pl.Utf8, "user_id": pl.Utf8, "behavior": pl.Utf8, "turns": pl.List(pl.Int64),
+    "quote": pl.Utf8, "severity": pl.Int64, "rationale": pl.Utf8, "annotator": pl.Utf8,
+}
+FREQUENCY_SCHEMA = {"behavior": pl.Utf8, "name": pl.Utf8, "count": pl.Int64, "share": pl.Float64}
+TASK_SCHEMA = {
+    "task_id": pl.Utf8, "conversation_id": pl.Utf8, "user_id": pl.Utf8, "scenario_key": pl.Utf8,
+    "scenario": pl.Utf8, "behavior_ids": pl.Utf8, "kwargs": pl.Utf8, "flow": pl.Utf8, "subflow": pl.Utf8,
+    "turn_budget": pl.Int64, "data_source": pl.Utf8, "needs_trace": pl.Boolean, "abcd_split": pl.Utf8,
+}
+REQUIRED_TT_COLUMNS = ("conversation_id", "user_id", "turns")
+
+
+def read_thoughttrace(path: Path) -> pl.DataFrame:
+    if not path.is_file():
+        raise InputFileError(f"{path}: ThoughtTrace parquet not found (run the `thoughttrace` stage first)")
+    try:
+        df = pl.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable parquet is a file-level error
+        raise InputFileError(f"{path}: cannot read parquet: {e}") from None
+    missing = [c for c in REQUIRED_TT_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputFileError(f"{path}: missing column(s) {missing}")
+    return df
+
+
+def annotate_conversations(df: pl.DataFrame, params: Params, source: Path,
+                           quarantine: Quarantine) -> list[dict[str, Any]]:
+    """Annotation rows of every conversation; failures are quarantined."""
+    cfg = params.behaviors
+    annotator = OpenAIAnnotator(cfg.openai) if cfg.annotator == "openai" else None
+    rows: list[dict[str, Any]] = []
+    has_src = "source_file" in df.columns and "row" in df.columns
+    try:
+        for k, rec in enumerate(df.iter_rows(named=True)):
+            turns = rec["turns"] or []
+            if annotator is None:
+                found, error = rule_annotate(turns), None
+            else:
+                res = annotator.annotate(turns)
+                found, error = res.annotations, res.error
+            if found is None:
+                src, row = (rec["source_file"], rec["row"]) if has_src else (str(source), k + 1)
+                quarantine.add(str(src), int(row), f"annotator: {error}",
+                               to_raw({"conversation_id": rec["conversation_id"], "turns": turns}))
+                continue
+            for a in found:
+                rows.append({"conversation_id": rec["conversation_id"], "user_id": rec["user_id"], **a,
+                             "annotator": cfg.annotator})
+    finally:
+        if annotator is not None:
+            annotator.close()
+    return rows
+
+
+def frequencies(annotations: pl.DataFrame, n_conversations: int) -> pl.DataFrame:
+    counts = dict(annotations.group_by("behavior").len().iter_rows()) if annotations.height else {}
+    return pl.DataFrame(
+        [{"behavior": b, "name": TAXONOMY[b].name, "count": int(counts.get(b, 0)),
+          "share": (counts.get(b, 0) / n_conversations) if n_conversations else 0.0} for b in ALL_CODES],
+        schema=FREQUENCY_SCHEMA,
+    )
+
+
+def build(params: Params) -> StageResult:
+    cfg = params.behaviors
+    quarantine = Quarantine()
+    tt_path = Path(params.thoughttrace.output)
+    tt = read_thoughttrace(tt_path)
+    ann = pl.DataFrame(annotate_conversations(tt, params, tt_path, quarantine), schema=ANNOTATION_SCHEMA)
+    n_annotated = ann.get_column("conversation_id").n_unique() if ann.height else 0
+
+    abcd_path, kb_path, gl_path = Path(cfg.abcd_input), Path(cfg.kb), Path(cfg.guidelines)
+    kb, guidelines = load_kb(kb_path), load_guidelines(gl_path)
+    records, abcd_in = load_abcd(abcd_path, quarantine)
+    candidates = build_task_rows(records, kb, guidelines, cfg)
+    kept: list[dict[str, Any]] = []
+    rejected: dict[str, int] = {}
+    for rec, row in zip(records, candidates):
+        reason = check_grounding(row, kb, guidelines)
+        if reason is None:
+            kept.append(row)
+            continue
+        b = (row["task_id"].rsplit("-", 1)[-1])
+        rejected[b] = rejected.get(b, 0) + 1
+        quarantine.add(rec.source_file, rec.row, f"grounding: {reason}", to_raw(row))
+    tasks = pl.DataFrame(kept, schema=TASK_SCHEMA)
+
+    freq = frequencies(ann, n_annotated)
+    by_behavior = {b: 0 for b in ALL_CODES}
+    for row in kept:
+        by_behavior[row["task_id"].rsplit("-", 1)[-1]] += 1
+    extra = {
+        "annotator": cfg.annotator,
+        "conversations_annotated": n_annotated,
+        "annotation_rows": ann.height,
+        "behavior_frequencies": {r["behavior"]: r["count"] for r in freq.iter_rows(named=True)},
+        "abcd_records": abcd_in,
+        "task_candidates": len(candidates),
+        "tasks_written": tasks.height,
+        "tasks_by_behavior": by_behavior,
+        "grounding_rejected_by_behavior": rejected,
+        "neutral_share_written": (by_behavior["N"] / tasks.height) if tasks.height else 0.0,
+    }
+    return StageResult(
+        outputs={cfg.annotations_output: ann, cfg.frequencies_output: freq, cfg.tasks_output: tasks},
+        rows_in=tt.height + abcd_in,
+        rows_out=n_annotated + tasks.height,
+        quarantine=quarantine,
+        inputs=[tt_path, abcd_path, kb_path, gl_path],
+        extra=extra,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stages.behaviors [--params params.yaml] [--no-track]``."""
+    return stage_main(STAGE, build, lambda p: p.behaviors, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
