@@ -135,21 +135,25 @@ def _per_row_thoughttrace(path: Path, out: Path) -> int:
 # ---------------------------------------------------------------- vectorised (the stages)
 def _vectorised_role_swap(path: Path, out: Path) -> int:
     from mimesis_lab.config import RoleSwapParams
+    from stages.common import write_output
     from stages.role_swap import run_role_swap
 
     cfg = RoleSwapParams(mixture={str(path): 1.0}, output=str(out))
     r = run_role_swap(cfg)
-    r.outputs[cfg.output].write_parquet(out)
+    write_output(out, r.outputs[cfg.output])
+    r.close()
     return r.rows_out
 
 
 def _vectorised_thoughttrace(path: Path, out: Path) -> int:
     from mimesis_lab.config import ThoughtTraceParams
+    from stages.common import write_output
     from stages.thoughttrace import run_thoughttrace
 
     cfg = ThoughtTraceParams(input=str(path), output=str(out))
     r = run_thoughttrace(cfg)
-    r.outputs[cfg.output].write_parquet(out)
+    write_output(out, r.outputs[cfg.output])
+    r.close()
     return r.rows_out
 
 
@@ -162,8 +166,8 @@ IMPLS = {
 
 
 def _child(impl: str, stage: str, path: str, out: str) -> None:
-    import polars  # noqa: F401  (import cost is not part of the measured work)
-    import msgspec  # noqa: F401
+    import msgspec  # noqa: F401  (import cost is not part of the measured work)
+    import polars  # noqa: F401
 
     fn = IMPLS[(impl, stage)]
     t0 = time.perf_counter()

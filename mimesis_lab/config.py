@@ -53,6 +53,9 @@ class RoleSwapParams(Section):
     max_message_chars: int = Field(
         32_000, gt=0, description="Messages longer than this are quarantined as oversize (whole conversation)."
     )
+    chunk_mb: float = Field(
+        16.0, gt=0, description="Input is read and transformed in chunks of about this many MiB of whole lines, "
+        "and spilled to parquet parts, so memory stays bounded whatever the corpus size.")
     output: str = Field("data/processed/role_swap.parquet", description="Output parquet path.")
 
     @field_validator("mixture")
@@ -74,6 +77,7 @@ class ThoughtTraceParams(Section):
         "(the paper used reasons only: off).",
     )
     max_message_chars: int = Field(32_000, gt=0, description="Messages longer than this quarantine the conversation.")
+    chunk_mb: float = Field(16.0, gt=0, description="Input is processed in chunks of about this many MiB (bounded memory).")
     output: str = Field("data/processed/thoughttrace.parquet", description="Output parquet path.")
 
 

@@ -14,9 +14,10 @@ import glob as _glob
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.json as pa_json
@@ -88,7 +89,7 @@ def read_bytes(path: Path) -> bytes:
 
 @dataclass
 class JsonlBatch:
-    """Lines of one JSONL file that passed schema validation."""
+    """Lines of one JSONL file (or chunk) that passed schema validation."""
 
     path: Path
     lines: list[bytes]          # the valid raw lines, in file order
@@ -96,20 +97,20 @@ class JsonlBatch:
     rows_in: int                # non-blank lines read
 
 
-def read_jsonl(path: Path, schema: type, quarantine: Quarantine) -> JsonlBatch:
-    """Validate every non-blank line of ``path`` against the msgspec ``schema``.
+def validate_lines(path: Path, data: bytes, schema: type, quarantine: Quarantine,
+                   first_line: int = 1) -> JsonlBatch:
+    """Validate every non-blank line of ``data`` (lines of ``path`` starting at ``first_line``).
 
-    Valid lines are returned raw (for a vectorised polars decode); invalid ones are
-    quarantined with the reason (malformed JSON, invalid UTF-8, missing or mistyped
-    field with its JSON path). Blank lines are not records and are not counted.
+    Valid lines are returned raw; invalid ones are quarantined with the reason
+    (malformed JSON, invalid UTF-8, missing or mistyped field with its JSON path).
+    Blank lines are not records and are not counted.
     """
-    data = read_bytes(path)
     decoder = msgspec.json.Decoder(schema)
     lines: list[bytes] = []
     numbers: list[int] = []
     rows_in = 0
     src = str(path)
-    for lineno, line in enumerate(data.split(b"\n"), 1):
+    for lineno, line in enumerate(data.split(b"\n"), first_line):
         if not line.strip():
             continue
         rows_in += 1
@@ -128,6 +129,71 @@ def read_jsonl(path: Path, schema: type, quarantine: Quarantine) -> JsonlBatch:
     return JsonlBatch(path=path, lines=lines, line_numbers=numbers, rows_in=rows_in)
 
 
+def read_jsonl(path: Path, schema: type, quarantine: Quarantine) -> JsonlBatch:
+    """:func:`validate_lines` over a whole file."""
+    return validate_lines(path, read_bytes(path), schema, quarantine)
+
+
+def iter_line_chunks(path: Path, chunk_bytes: int) -> Iterator[bytes]:
+    """Yield chunks of whole lines of about ``chunk_bytes`` (a longer line makes a longer chunk).
+
+    The partial line at the end of a block is not copied around: the file position is
+    moved back so the next block starts with it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputFileError(f"{path}: is a directory, expected a file")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot read input file: {e.strerror or e}") from None
+    with f:
+        size = chunk_bytes
+        while True:
+            try:
+                block = f.read(size)
+            except OSError as e:
+                raise InputFileError(f"{path}: cannot read input file: {e.strerror or e}") from None
+            if not block:
+                return
+            if len(block) < size:           # end of file
+                yield block
+                return
+            cut = block.rfind(b"\n")
+            if cut < 0:                      # one line longer than the block: read more of it
+                f.seek(-len(block), 1)
+                size *= 2
+                continue
+            f.seek(cut + 1 - len(block), 1)
+            size = chunk_bytes
+            yield block[: cut + 1] if cut + 1 < len(block) else block
+
+
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[[9, 10, 11, 12, 13, 32]] = True
+
+
+def line_spans(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised ``(starts, ends, line_index)`` of the non-blank lines of ``data`` (0-based index).
+
+    ``data`` is treated as ``data.split(b"\\n")``: its line ``i`` is file line ``first + i``.
+
+    A line whose first byte is not whitespace is non-blank; only the (rare) lines that
+    start with whitespace are checked one by one.
+    """
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    starts = np.concatenate(([0], nl + 1))
+    ends = np.concatenate((nl, [len(buf)]))
+    nonempty = ends > starts
+    first = np.zeros(len(starts), dtype=np.uint8)
+    first[nonempty] = buf[starts[nonempty]]
+    keep = nonempty & ~_WHITESPACE[first]
+    for k in np.flatnonzero(nonempty & _WHITESPACE[first]):
+        keep[k] = bool(data[starts[k]:ends[k]].strip())
+    return starts[keep], ends[keep], np.flatnonzero(keep)
+
+
 def _arrow_read(data: bytes, arrow_schema: pa.Schema, max_line: int) -> pa.Table:
     opts = pa_json.ParseOptions(explicit_schema=arrow_schema, unexpected_field_behavior="ignore")
     block = max(4 << 20, 2 * max_line + 1)  # a record may not straddle two blocks
@@ -135,49 +201,64 @@ def _arrow_read(data: bytes, arrow_schema: pa.Schema, max_line: int) -> pa.Table
                              parse_options=opts)
 
 
-def read_jsonl_frame(path: Path, schema: type, arrow_schema: pa.Schema, suspect: pl.Expr,
-                     quarantine: Quarantine) -> tuple[pl.DataFrame, int]:
-    """Read a JSONL file into a polars frame (plus a 1-based ``row`` column), losing nothing.
+def frame_from_jsonl(path: Path, data: bytes, schema: type, arrow_schema: pa.Schema, suspect: pl.Expr,
+                     quarantine: Quarantine, first_line: int = 1) -> tuple[pl.DataFrame, int]:
+    """Decode JSONL ``data`` (lines of ``path`` from ``first_line``) into a frame with a ``row`` column.
 
-    Fast path: one multi-threaded, type-strict Arrow JSON read of the whole file (a
-    field of the wrong type, malformed JSON or invalid UTF-8 anywhere makes it fail);
-    rows flagged by the cheap vectorised ``suspect`` expression (nulls in required
-    fields, unknown enum values, …: a superset of the schema violations Arrow lets
-    through) are re-checked with the msgspec ``schema`` and quarantined with its
-    precise reason. Slow path, taken only when the Arrow read fails: every line is
-    validated with msgspec (:func:`read_jsonl`) and only the valid ones are decoded.
-    The msgspec schema is the single source of truth for reasons in both paths.
-    Returns the frame and the number of records read (non-blank lines).
+    Fast path: one multi-threaded, type-strict Arrow JSON read (a field of the wrong
+    type, malformed JSON or invalid UTF-8 anywhere makes it fail); rows flagged by the
+    cheap vectorised ``suspect`` expression (nulls in required fields, unknown enum
+    values, …: a superset of the schema violations Arrow lets through) are re-checked
+    with the msgspec ``schema`` and quarantined with its precise reason. Slow path,
+    taken only when the Arrow read fails: every line is validated with msgspec
+    (:func:`validate_lines`) and only the valid ones are decoded. The msgspec schema is
+    the single source of truth for reasons in both paths. Returns the frame and the
+    number of records read (non-blank lines).
     """
-    data = read_bytes(path)
-    lines = data.split(b"\n")
-    numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
-    max_line = max(map(len, lines), default=0)
+    starts, ends, index = line_spans(data)
+    numbers = index + first_line
+    max_line = int((ends - starts).max()) if len(starts) else 0
     try:
         table = _arrow_read(data, arrow_schema, max_line)
         if table.num_rows != len(numbers):
             raise ValueError("row count differs from the number of non-blank lines")
     except (pa.ArrowInvalid, UnicodeDecodeError, ValueError):
-        batch = read_jsonl(path, schema, quarantine)
+        batch = validate_lines(path, data, schema, quarantine, first_line)
         table = _arrow_read(b"\n".join(batch.lines), arrow_schema, max_line)
         if table.num_rows != len(batch.line_numbers):  # pragma: no cover - would be a bug
             raise InputFileError(f"{path}: validated lines did not decode one row per line")
         df = pl.from_arrow(table).with_columns(pl.Series("row", batch.line_numbers, dtype=pl.Int64))
         return df, batch.rows_in
     df = pl.from_arrow(table).with_columns(pl.Series("row", numbers, dtype=pl.Int64))
-    flagged = df.filter(suspect).get_column("row").to_list()
+    flagged = df.with_row_index("_k").filter(suspect).get_column("_k").to_list()
     if flagged:
         decoder = msgspec.json.Decoder(schema)
         bad = []
-        for row in flagged:
+        for k in flagged:
+            line = data[starts[k]:ends[k]]
             try:
-                decoder.decode(lines[row - 1])
+                decoder.decode(line)
             except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                quarantine.add(str(path), row, f"schema: {e}", lines[row - 1])
-                bad.append(row)
+                quarantine.add(str(path), int(numbers[k]), f"schema: {e}", line)
+                bad.append(int(numbers[k]))
         if bad:
             df = df.filter(~pl.col("row").is_in(bad))
     return df, len(numbers)
+
+
+def iter_jsonl_frames(path: Path, schema: type, arrow_schema: pa.Schema, suspect: pl.Expr,
+                      quarantine: Quarantine, chunk_bytes: int = 64 << 20) -> Iterator[tuple[pl.DataFrame, int]]:
+    """:func:`frame_from_jsonl` over ``path`` in chunks of whole lines: memory bounded by ``chunk_bytes``."""
+    first = 1
+    for data in iter_line_chunks(path, chunk_bytes):
+        yield frame_from_jsonl(path, data, schema, arrow_schema, suspect, quarantine, first)
+        first += data.count(b"\n")
+
+
+def read_jsonl_frame(path: Path, schema: type, arrow_schema: pa.Schema, suspect: pl.Expr,
+                     quarantine: Quarantine) -> tuple[pl.DataFrame, int]:
+    """:func:`frame_from_jsonl` over a whole file."""
+    return frame_from_jsonl(path, read_bytes(path), schema, arrow_schema, suspect, quarantine)
 
 
 def load_json_document(path: Path) -> Any:

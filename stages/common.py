@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +37,102 @@ class StageError(RuntimeError):
     """A stage cannot produce valid output (message names what is wrong)."""
 
 
+class PartWriter:
+    """Spills an output chunk by chunk to parquet parts, so memory is bounded by one chunk.
+
+    Parts live in a hidden temporary folder next to the final output (same file
+    system). Columns known only at the end (e.g. the mixture ``copies``) are attached
+    with :meth:`add_column`. :func:`write_output` streams the parts, one at a time, into
+    the final file; :meth:`cleanup` removes them.
+    """
+
+    def __init__(self, output: str | Path):
+        parent = Path(output).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        self._dir = tempfile.TemporaryDirectory(prefix=f".{Path(output).stem}-parts-", dir=parent)
+        self.parts: list[tuple[str, int]] = []
+        self.rows = 0
+        self.late: dict[str, tuple[pl.DataType, Any]] = {}
+        self.columns: list[str] | None = None
+
+    def write(self, df: pl.DataFrame) -> None:
+        path = str(Path(self._dir.name) / f"part-{len(self.parts):06d}.parquet")
+        df.write_parquet(path, compression="lz4", statistics=False)
+        self.parts.append((path, df.height))
+        self.rows += df.height
+
+    def add_column(self, name: str, values: Any, dtype: pl.DataType) -> None:
+        """A column for all rows written so far, in write order (sliced per part)."""
+        if len(values) != self.rows:
+            raise StageError(f"column {name!r} has {len(values)} values for {self.rows} rows")
+        self.late[name] = (dtype, values)
+
+    def select(self, columns: list[str]) -> "PartWriter":
+        """Final column order."""
+        self.columns = columns
+        return self
+
+    def iter_frames(self):
+        if not self.parts:
+            raise StageError("no output chunk was written")
+        offset = 0
+        for path, n in self.parts:
+            df = pl.read_parquet(path)
+            if self.late:
+                df = df.with_columns([pl.Series(k, v[offset:offset + n], dtype=dt)
+                                      for k, (dt, v) in self.late.items()])
+            offset += n
+            yield df.select(self.columns) if self.columns else df
+
+    def collect(self) -> pl.DataFrame:
+        return pl.concat(list(self.iter_frames()))
+
+    def sink(self, path: str | Path) -> None:
+        import pyarrow.parquet as pq
+
+        writer = None
+        try:
+            for df in self.iter_frames():
+                table = df.to_arrow()
+                if writer is None:
+                    writer = pq.ParquetWriter(str(path), table.schema, compression="zstd")
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+
+    def cleanup(self) -> None:
+        self._dir.cleanup()
+
+
 @dataclass
 class StageResult:
-    outputs: dict[str, pl.DataFrame]
+    outputs: dict[str, pl.DataFrame | PartWriter]
     rows_in: int
     rows_out: int
     quarantine: Quarantine
     inputs: list[Path] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    def frame(self, path: str) -> pl.DataFrame:
+        """An output as one DataFrame (collecting spilled parts)."""
+        out = self.outputs[path]
+        return out.collect() if isinstance(out, PartWriter) else out
+
+    def close(self) -> None:
+        for fn in self.cleanup:
+            fn()
+        self.cleanup.clear()
+
+
+def write_output(path: str | Path, frame: pl.DataFrame | PartWriter) -> None:
+    """Write a parquet output; spilled parts are streamed one at a time (never fully materialised)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(frame, PartWriter):
+        frame.sink(path)
+    else:
+        frame.write_parquet(path)
 
 
 def metrics_path(stage: str) -> Path:
@@ -58,13 +147,16 @@ def write_result(stage: str, result: StageResult) -> dict[str, Any]:
     """Write outputs, quarantine and metrics; return the metrics dict."""
     q = result.quarantine.to_frame().sort("source_file", "row", maintain_order=True)
     if result.rows_in != result.rows_out + q.height:
+        result.close()
         raise StageError(
             f"{stage}: row accounting broken: rows_in={result.rows_in} != rows_out={result.rows_out} "
             f"+ rows_quarantined={q.height}"
         )
-    for path, df in result.outputs.items():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        df.write_parquet(path)
+    try:
+        for path, df in result.outputs.items():
+            write_output(path, df)
+    finally:
+        result.close()
     qpath = quarantine_path(stage)
     qpath.parent.mkdir(parents=True, exist_ok=True)
     q.write_parquet(qpath)

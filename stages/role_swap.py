@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from mimesis_lab.chat import ROLES, role_swap_frame
 from mimesis_lab.config import Params, RoleSwapParams
-from mimesis_lab.io import InputFileError, Quarantine, expand_glob, read_jsonl_frame
+from mimesis_lab.io import InputFileError, Quarantine, expand_glob, iter_jsonl_frames
 from mimesis_lab.mixture import mixture_copies, source_rng
-from stages.common import StageError, StageResult, main
+from stages.common import PartWriter, StageError, StageResult, main
 
 STAGE = "role_swap"
 
@@ -66,32 +67,33 @@ OUTPUT_COLUMNS = [
 ]
 
 
-def load_sources(cfg: RoleSwapParams, quarantine: Quarantine) -> tuple[pl.DataFrame, int, list[Path]]:
-    """Read every source file; returns (decoded valid-schema rows, rows read, files)."""
-    frames: list[pl.DataFrame] = []
+def source_files(cfg: RoleSwapParams) -> list[tuple[Path, float]]:
+    """``(file, ratio)`` for every file matched by the mixture globs, in params order."""
     seen: dict[Path, str] = {}
-    rows_in = 0
+    out: list[tuple[Path, float]] = []
     for glob, ratio in cfg.mixture.items():
         for path in expand_glob(glob):
             if path in seen:
                 raise InputFileError(f"{path}: matched by two mixture globs ({seen[path]!r} and {glob!r})")
+            twin = next((p for p in seen if p.stem == path.stem), None)
+            if twin is not None:
+                raise InputFileError(f"{path}: source name {path.stem!r} (the file stem) is also used by {twin}")
             seen[path] = glob
-            df, n = read_jsonl_frame(path, WildChatRecord, ARROW_SCHEMA, _suspect(), quarantine)
-            rows_in += n
-            frames.append(df.with_columns(
-                pl.lit(path.stem).alias("source"),
-                pl.lit(str(path)).alias("source_file"),
-                pl.lit(ratio, dtype=pl.Float64).alias("ratio"),
-            ))
+            out.append((path, ratio))
     sources = {p.stem for p in seen}
     unknown = sorted(set(cfg.no_swap_sources) - sources)
     if unknown:
         raise StageError(f"params role_swap.no_swap_sources names unknown source(s) {unknown}; known: {sorted(sources)}")
-    return pl.concat(frames, how="vertical"), rows_in, sorted(seen)
+    return out
 
 
-def check_rows(df: pl.DataFrame, cfg: RoleSwapParams) -> pl.DataFrame:
-    """Add ``user_id``, ``swap`` and a ``reason`` (null = valid) to decoded rows (vectorised)."""
+def check_rows(df: pl.DataFrame, cfg: RoleSwapParams, seen: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Add ``user_id``, ``swap`` and a ``reason`` (null = valid) to decoded rows (vectorised).
+
+    ``seen`` (``conversation_hash``, ``_first_loc``) holds the ids accepted from earlier
+    chunks; a row repeating one of them, or an earlier valid row of this chunk, is a
+    duplicate (the first occurrence wins).
+    """
     conv = pl.col("conversation")
     role = pl.element().struct.field("role")
     df = df.with_columns(
@@ -126,6 +128,12 @@ def check_rows(df: pl.DataFrame, cfg: RoleSwapParams) -> pl.DataFrame:
         pl.col("_i").min().alias("_first_i"),
         pl.format("{}:{}", pl.col("source_file").first(), pl.col("row").first()).alias("_first_loc"),
     )
+    if seen is not None and seen.height:
+        first = first.join(seen.rename({"_first_loc": "_prev_loc"}), on="conversation_hash", how="left")
+        first = first.with_columns(
+            pl.when(pl.col("_prev_loc").is_not_null()).then(pl.lit(-1)).otherwise(pl.col("_first_i")).alias("_first_i"),
+            pl.coalesce("_prev_loc", "_first_loc").alias("_first_loc"),
+        ).drop("_prev_loc")
     df = df.join(first, on="conversation_hash", how="left", maintain_order="left").with_columns(
         pl.when(valid & (pl.col("_i") != pl.col("_first_i")))
         .then(pl.format("duplicate: conversation_hash {} first seen at {}",
@@ -136,56 +144,76 @@ def check_rows(df: pl.DataFrame, cfg: RoleSwapParams) -> pl.DataFrame:
     return df
 
 
-def assign_copies(df: pl.DataFrame, seed: int) -> pl.DataFrame:
-    """Seeded mixture draws per source (see :mod:`mimesis_lab.mixture`)."""
-    parts = []
-    for (source,), part in df.group_by("source", maintain_order=True):
-        ratio = part.get_column("ratio")[0]
-        copies = mixture_copies(part.height, ratio, source_rng(seed, source))
-        parts.append(part.with_columns(pl.Series("copies", copies, dtype=pl.Int64)))
-    return pl.concat(parts) if parts else df.with_columns(pl.lit(0, dtype=pl.Int64).alias("copies"))
-
-
-def run_role_swap(cfg: RoleSwapParams) -> StageResult:
-    quarantine = Quarantine()
-    raw, rows_in, files = load_sources(cfg, quarantine)
-    checked = check_rows(raw, cfg)
-    bad = checked.filter(pl.col("reason").is_not_null())
-    if bad.height:
-        quarantine.extend_frame(
-            bad.select(
-                "source_file", "row", "reason",
-                pl.struct("conversation_hash", "hashed_ip", "model", "language", "conversation")
-                .struct.json_encode().alias("raw"),
-            )
-        )
+def transform(checked: pl.DataFrame) -> pl.DataFrame:
+    """Valid rows -> output rows (without ``copies``): role swap per routing, derived counts."""
     good = checked.filter(pl.col("reason").is_null())
-    good = role_swap_frame(
-        good.with_columns(pl.col("conversation").list.eval(
-            pl.struct(pl.element().struct.field("role"), pl.element().struct.field("content"))
-        ).alias("messages")),
-    )
-    good = assign_copies(good, cfg.seed).with_columns(
+    good = role_swap_frame(good.with_columns(pl.col("conversation").list.eval(
+        pl.struct(pl.element().struct.field("role"), pl.element().struct.field("content"))).alias("messages")))
+    return good.with_columns(
         pl.col("conversation_hash").alias("conversation_id"),
         pl.col("messages").list.len().cast(pl.Int64).alias("n_messages"),
         pl.col("n_target_turns").cast(pl.Int64),
-    ).select(OUTPUT_COLUMNS)
-    per_source = (
-        good.group_by("source", maintain_order=True)
-        .agg(rows_out=pl.len(), samples=pl.col("copies").sum(), swap=pl.col("swap").first())
-    )
+    ).select([c for c in OUTPUT_COLUMNS if c != "copies"])
+
+
+def quarantine_rows(checked: pl.DataFrame, quarantine: Quarantine) -> None:
+    bad = checked.filter(pl.col("reason").is_not_null())
+    if bad.height:
+        quarantine.extend_frame(bad.select(
+            "source_file", "row", "reason",
+            pl.struct("conversation_hash", "hashed_ip", "model", "language", "conversation")
+            .struct.json_encode().alias("raw")))
+
+
+def run_role_swap(cfg: RoleSwapParams) -> StageResult:
+    """Stream every source in chunks of ``chunk_mb``: check, quarantine, swap, spill to parts;
+    then draw the seeded mixture ``copies`` per source and stream the parts into the output."""
+    quarantine = Quarantine()
+    files = source_files(cfg)
+    writer = PartWriter(cfg.output)
+    seen = pl.DataFrame(schema={"conversation_hash": pl.Utf8, "_first_loc": pl.Utf8})
+    users: set[str] = set()
+    per_source: dict[str, dict] = {}
+    rows_in = 0
+    try:
+        for path, ratio in files:
+            src = per_source.setdefault(path.stem, {"rows_out": 0, "ratio": ratio,
+                                                    "swap": path.stem not in cfg.no_swap_sources})
+            for df, n in iter_jsonl_frames(path, WildChatRecord, ARROW_SCHEMA, _suspect(), quarantine,
+                                           max(1, int(cfg.chunk_mb * 2**20))):
+                rows_in += n
+                checked = check_rows(df.with_columns(
+                    pl.lit(path.stem).alias("source"), pl.lit(str(path)).alias("source_file")), cfg, seen)
+                quarantine_rows(checked, quarantine)
+                out = transform(checked)
+                writer.write(out)
+                seen = pl.concat([seen, out.select(
+                    "conversation_id", pl.format("{}:{}", "source_file", "row").alias("_first_loc"),
+                ).rename({"conversation_id": "conversation_hash"})])
+                users.update(out.get_column("user_id").unique().to_list())
+                src["rows_out"] += out.height
+        copies = []
+        for name, src in per_source.items():  # parts hold each source's rows contiguously, in this order
+            c = mixture_copies(src["rows_out"], src["ratio"], source_rng(cfg.seed, name))
+            src["samples"] = int(c.sum())
+            copies.append(c)
+        writer.add_column("copies", np.concatenate(copies).astype(np.int64), pl.Int64)
+        writer.select(OUTPUT_COLUMNS)
+    except BaseException:
+        writer.cleanup()
+        raise
+    swapped = sum(s["rows_out"] for s in per_source.values() if s["swap"])
     extra = {
-        "samples_out": int(good.get_column("copies").sum() or 0),
-        "rows_swapped": int(good.get_column("swap").sum() or 0),
-        "rows_no_swap": int((~good.get_column("swap")).sum() or 0),
-        "sources": {r["source"]: {"rows_out": r["rows_out"], "samples": r["samples"], "swap": r["swap"]}
-                    for r in per_source.iter_rows(named=True)},
-        "users": good.get_column("user_id").n_unique(),
+        "samples_out": sum(s["samples"] for s in per_source.values()),
+        "rows_swapped": swapped,
+        "rows_no_swap": writer.rows - swapped,
+        "sources": {k: {"rows_out": v["rows_out"], "samples": v["samples"], "swap": v["swap"]}
+                    for k, v in per_source.items()},
+        "users": len(users),
     }
-    return StageResult(
-        outputs={cfg.output: good}, rows_in=rows_in, rows_out=good.height,
-        quarantine=quarantine, inputs=files, extra=extra,
-    )
+    return StageResult(outputs={cfg.output: writer}, rows_in=rows_in, rows_out=writer.rows,
+                       quarantine=quarantine, inputs=[p for p, _ in files], extra=extra,
+                       cleanup=[writer.cleanup])
 
 
 def build(params: Params) -> StageResult:

@@ -14,9 +14,9 @@ import polars as pl
 import pyarrow as pa
 
 from mimesis_lab.config import Params, ThoughtTraceParams
-from mimesis_lab.io import Quarantine, expand_glob, read_jsonl_frame
+from mimesis_lab.io import Quarantine, expand_glob, iter_jsonl_frames
 from mimesis_lab.thoughttrace import PROFILE_FIELDS, REACTION_PREFIX, SYSTEM_HEADER
-from stages.common import StageResult, main
+from stages.common import PartWriter, StageResult, main
 
 STAGE = "thoughttrace"
 ID_PATTERN = r"^(user[^_]+)_(task[^_]+)_(conversation[^_]+)$"
@@ -170,48 +170,69 @@ def format_frame(df: pl.DataFrame, include_reactions: bool) -> pl.DataFrame:
     )
 
 
-def run_thoughttrace(cfg: ThoughtTraceParams) -> StageResult:
-    quarantine = Quarantine()
-    frames, files, rows_in = [], [], 0
-    for path in expand_glob(cfg.input):
-        df, n = read_jsonl_frame(path, TTRecord, ARROW_SCHEMA, _suspect(), quarantine)
-        rows_in += n
-        files.append(path)
-        frames.append(df.with_columns(pl.lit(str(path)).alias("source_file")))
-    df = pl.concat(frames).with_columns(pl.int_range(pl.len()).alias("_i"))
+def check_chunk(df: pl.DataFrame, cfg: ThoughtTraceParams, seen: pl.Series) -> pl.DataFrame:
+    """Add ``reason`` (null = valid): duplicate id (of this chunk or an earlier one), oversize, alternation."""
+    df = df.with_columns(pl.int_range(pl.len()).alias("_i"))
     lens = pl.col("messages").list.eval(pl.element().struct.field("content").str.len_chars())
     df = df.with_columns(_max_len=lens.list.max(), _argmax=lens.list.arg_max())
-    first_seen = pl.col("_i").min().over("id")
+    duplicate = (pl.col("_i") != pl.col("_i").min().over("id")) | pl.col("id").is_in(seen.implode())
     reason = (
-        pl.when(pl.col("_i") != first_seen)
+        pl.when(duplicate)
         .then(pl.format("duplicate: id {} appears earlier in the input", pl.col("id")))
         .when(pl.col("_max_len") > cfg.max_message_chars)
         .then(pl.format("oversize: `messages[{}].content` has {} chars > max_message_chars={}",
                         pl.col("_argmax"), pl.col("_max_len"), pl.lit(cfg.max_message_chars)))
         .otherwise(alternation_reason())
     )
-    df = df.with_columns(reason=reason)
-    bad = df.filter(pl.col("reason").is_not_null())
-    if bad.height:
-        quarantine.extend_frame(bad.select(
-            "source_file", "row", "reason",
-            pl.struct("id", "model_name", "task_summary", "task_expectation", "survey_answers", "messages")
-            .struct.json_encode().alias("raw")))
-    good = df.filter(pl.col("reason").is_null()).with_columns(
-        conversation_id=pl.col("id"),
-        user_id=pl.col("id").str.extract(ID_PATTERN, 1),
-        task_id=pl.col("id").str.extract(ID_PATTERN, 2),
-        system_prompt=system_prompt_expr(),
-    )
-    good = format_frame(good, cfg.include_reactions).select(OUTPUT_COLUMNS)
+    return df.with_columns(reason=reason)
+
+
+def run_thoughttrace(cfg: ThoughtTraceParams) -> StageResult:
+    """Stream the input in chunks of ``chunk_mb``: check, quarantine, format, spill to parts."""
+    quarantine = Quarantine()
+    files, rows_in = [], 0
+    writer = PartWriter(cfg.output)
+    seen = pl.Series("id", [], dtype=pl.Utf8)
+    users: set[str] = set()
+    target_turns = without_reasons = 0
+    try:
+        for path in expand_glob(cfg.input):
+            files.append(path)
+            chunks = iter_jsonl_frames(path, TTRecord, ARROW_SCHEMA, _suspect(), quarantine,
+                                       max(1, int(cfg.chunk_mb * 2**20)))
+            for df, n in chunks:
+                rows_in += n
+                df = check_chunk(df.with_columns(pl.lit(str(path)).alias("source_file")), cfg, seen)
+                seen = pl.concat([seen, df.get_column("id")])
+                bad = df.filter(pl.col("reason").is_not_null())
+                if bad.height:
+                    quarantine.extend_frame(bad.select(
+                        "source_file", "row", "reason",
+                        pl.struct("id", "model_name", "task_summary", "task_expectation", "survey_answers",
+                                  "messages").struct.json_encode().alias("raw")))
+                good = df.filter(pl.col("reason").is_null()).with_columns(
+                    conversation_id=pl.col("id"),
+                    user_id=pl.col("id").str.extract(ID_PATTERN, 1),
+                    task_id=pl.col("id").str.extract(ID_PATTERN, 2),
+                    system_prompt=system_prompt_expr(),
+                )
+                good = format_frame(good, cfg.include_reactions).select(OUTPUT_COLUMNS)
+                writer.write(good)
+                users.update(good.get_column("user_id").unique().to_list())
+                target_turns += int(good.get_column("n_target_turns").sum() or 0)
+                without_reasons += int(good.get_column("n_turns_without_reasons").sum() or 0)
+        writer.select(OUTPUT_COLUMNS)
+    except BaseException:
+        writer.cleanup()
+        raise
     extra = {
-        "users": good.get_column("user_id").n_unique(),
-        "target_turns": int(good.get_column("n_target_turns").sum() or 0),
-        "turns_without_reasons": int(good.get_column("n_turns_without_reasons").sum() or 0),
+        "users": len(users),
+        "target_turns": target_turns,
+        "turns_without_reasons": without_reasons,
         "include_reactions": cfg.include_reactions,
     }
-    return StageResult(outputs={cfg.output: good}, rows_in=rows_in, rows_out=good.height,
-                       quarantine=quarantine, inputs=files, extra=extra)
+    return StageResult(outputs={cfg.output: writer}, rows_in=rows_in, rows_out=writer.rows,
+                       quarantine=quarantine, inputs=files, extra=extra, cleanup=[writer.cleanup])
 
 
 def build(params: Params) -> StageResult:

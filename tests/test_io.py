@@ -86,3 +86,23 @@ def test_long_line_larger_than_arrow_block(tmp_path):
     p.write_text(json.dumps(_GOOD) + "\n" + json.dumps({**big, "conversation_hash": "big"}) + "\n")
     df, n = read_jsonl_frame(p, _rs.WildChatRecord, _rs.ARROW_SCHEMA, _rs._suspect(), Quarantine())
     assert df.height == 2
+
+
+def test_line_spans_blank_lines():
+    from mimesis_lab.io import line_spans
+    data = b'{"a":1}\n\n   \n\t{"b":2}\n \r\n{"c":3}'
+    starts, ends, idx = line_spans(data)
+    assert [data[s:e] for s, e in zip(starts, ends)] == [b'{"a":1}', b'\t{"b":2}', b'{"c":3}']
+    assert idx.tolist() == [0, 3, 5]
+    assert line_spans(b"")[2].tolist() == []
+
+
+def test_iter_line_chunks_whole_lines_any_size(tmp_path):
+    from mimesis_lab.io import iter_line_chunks
+    lines = [b"x" * n for n in (3, 50, 1, 0, 200, 7)]
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(b"\n".join(lines))                       # no trailing newline
+    for size in (1, 8, 64, 10_000):
+        chunks = list(iter_line_chunks(p, size))
+        assert b"".join(chunks) == p.read_bytes()
+        assert all(c.endswith(b"\n") for c in chunks[:-1])

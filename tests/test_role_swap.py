@@ -36,7 +36,7 @@ def test_malformed_rows_are_quarantined_with_reasons(in_tmp):
     assert r.rows_in == 13                        # 14 lines, one blank
     assert r.rows_in == r.rows_out + q.height
     assert r.rows_out == 2
-    assert sorted(r.outputs[cfg.output]["conversation_id"].to_list()) == ["good01", "good02"]
+    assert sorted(r.frame(cfg.output)["conversation_id"].to_list()) == ["good01", "good02"]
     assert reasons[2].startswith("malformed JSON")
     assert "missing required field `conversation`" in reasons[3]
     assert "Expected `str`, got `int` - at `$.conversation_hash`" in reasons[4]
@@ -56,7 +56,7 @@ def test_swap_routing_and_output_contract(in_tmp):
     a = _write(in_tmp / "human.jsonl", [_conv("h1", system="Be nice."), _conv("h2", turns=("q", "a", "q2", "a2"))])
     b = _write(in_tmp / "tom.jsonl", [_conv("t1", ip="cd" * 32)])
     cfg = RoleSwapParams(mixture={str(a): 1.0, str(b): 1.0}, no_swap_sources=["tom"])
-    out = run_role_swap(cfg).outputs[cfg.output].sort("conversation_id")
+    out = run_role_swap(cfg).frame(cfg.output).sort("conversation_id")
     rows = {r["conversation_id"]: r for r in out.iter_rows(named=True)}
     assert rows["h1"]["messages"] == [{"role": "system", "content": "Be nice."},
                                       {"role": "assistant", "content": "hi"}, {"role": "user", "content": "hello"}]
@@ -73,7 +73,7 @@ def test_user_id_falls_back_to_first_user_turn(in_tmp):
     del rec["hashed_ip"]
     a = _write(in_tmp / "a.jsonl", [rec])
     r = run_role_swap(RoleSwapParams(mixture={str(a): 1.0}))
-    assert r.outputs["data/processed/role_swap.parquet"]["user_id"].to_list() == ["ef" * 32]
+    assert r.frame("data/processed/role_swap.parquet")["user_id"].to_list() == ["ef" * 32]
 
 
 def test_no_swap_source_without_assistant_turn_is_quarantined(in_tmp):
@@ -129,11 +129,33 @@ def test_stage_mixture_is_seeded_and_expands(in_tmp):
     b = _write(in_tmp / "b.jsonl", [_conv(f"g{i}") for i in range(10)])
     cfg = RoleSwapParams(mixture={str(a): 0.5, str(b): 2.0}, seed=3)
     r1 = run_role_swap(cfg)
-    df = r1.outputs[cfg.output]
+    df = r1.frame(cfg.output)
     assert r1.extra["sources"]["a"]["samples"] == 10 and r1.extra["sources"]["b"]["samples"] == 20
     assert r1.rows_out == 30                               # one row per conversation, nothing lost
-    assert df.equals(run_role_swap(cfg).outputs[cfg.output])
+    assert df.equals(run_role_swap(cfg).frame(cfg.output))
     mixed = expand_mixture(df, seed=1)
     assert mixed.height == 30
     assert mixed.filter(pl.col("source") == "b").height == 20
     assert not mixed["conversation_id"].to_list() == sorted(mixed["conversation_id"].to_list())
+
+
+def test_chunked_run_equals_single_chunk(in_tmp):
+    """Tiny chunks (many per file) give the same output, quarantine and metrics as one chunk."""
+    recs = [_conv(f"h{i}", ip=f"{i % 4:064d}", turns=("q" * (i % 7 + 1), "a")) for i in range(40)]
+    recs[13] = _conv("h3")                                   # duplicate of an earlier chunk's id
+    recs[20] = '{"conversation_hash": "broken", "conversation": ['
+    recs[30] = {"conversation_hash": "empty", "conversation": [], "hashed_ip": "x"}
+    a = _write(in_tmp / "a.jsonl", recs)
+    b = _write(in_tmp / "b.jsonl", [_conv(f"h{i}") for i in range(5)] + [_conv("z1")])  # dups across files
+    runs = []
+    for chunk_mb in (64.0, 0.0004):                          # 0.0004 MiB ~ 420 bytes: a few lines per chunk
+        cfg = RoleSwapParams(mixture={str(a): 1.0, str(b): 2.0}, chunk_mb=chunk_mb, seed=9)
+        r = run_role_swap(cfg)
+        runs.append((r.frame(cfg.output), r.quarantine.to_frame().sort("source_file", "row"), r.extra))
+        r.close()
+    (f1, q1, e1), (f2, q2, e2) = runs
+    assert f1.equals(f2) and q1.equals(q2) and e1 == e2
+    reasons = q1.select("row", "reason").rows()
+    assert (14, "duplicate: conversation_hash h3 first seen at " + str(a) + ":4") in reasons
+    assert sum(r.startswith("duplicate") for _, r in reasons) == 6
+    assert f1.height == 38                                 # 40 + 6 lines - 2 bad - 6 duplicates

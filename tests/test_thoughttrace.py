@@ -67,7 +67,7 @@ def _run(tmp_path, records, **kw):
 def test_stage_matches_reference_function(in_tmp):
     for inc in (False, True):
         r = _run(in_tmp, [RECORD], include_reactions=inc)
-        row = r.outputs["data/processed/thoughttrace.parquet"].row(0, named=True)
+        row = r.frame("data/processed/thoughttrace.parquet").row(0, named=True)
         assert row["messages"] == format_conversation(RECORD, inc)
         assert row["user_id"] == "user7" and row["task_id"] == "task2"
         assert row["n_target_turns"] == 2 and row["n_turns_without_reasons"] == 1
@@ -105,7 +105,7 @@ def test_bundled_fixture_formats_like_reference():
     path = ROOT / "data" / "raw" / "thoughttrace" / "thoughttrace.jsonl"
     recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     r = run_thoughttrace(ThoughtTraceParams(input=str(path)))
-    out = r.outputs["data/processed/thoughttrace.parquet"]
+    out = r.frame("data/processed/thoughttrace.parquet")
     assert r.rows_in == len(recs) >= 40
     by_id = {rec["id"]: rec for rec in recs}
     for row in out.iter_rows(named=True):
@@ -113,3 +113,21 @@ def test_bundled_fixture_formats_like_reference():
     ok = {rec["id"] for rec in recs if is_alternating([m["type"] for m in rec["messages"]])[0]}
     assert set(out["conversation_id"].to_list()) == ok
     assert out.filter(pl.col("n_target_turns") < 1).height == 0
+
+
+def test_chunked_run_equals_single_chunk(in_tmp):
+    recs = []
+    for i in range(30):
+        rec = json.loads(json.dumps(RECORD))
+        rec["id"] = f"user{i % 5}_task{i}_conversation1"
+        recs.append(rec)
+    recs[17] = json.loads(json.dumps(recs[2]))               # duplicate id across chunks
+    recs[25]["messages"] = recs[25]["messages"][:1] * 2      # non-alternating
+    runs = []
+    for chunk_mb in (64.0, 0.002):
+        r = _run(in_tmp, recs, chunk_mb=chunk_mb, include_reactions=True)
+        runs.append((r.frame("data/processed/thoughttrace.parquet"), r.quarantine.to_frame(), r.extra))
+        r.close()
+    assert runs[0][0].equals(runs[1][0]) and runs[0][1].equals(runs[1][1]) and runs[0][2] == runs[1][2]
+    assert runs[0][0].height == 28
+    assert sorted(runs[0][1]["row"].to_list()) == [18, 26]
