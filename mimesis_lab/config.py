@@ -137,6 +137,78 @@ class ValidateParams(Section):
     fail_on_error: bool = Field(True, description="Exit non-zero when any expectation fails.")
 
 
+class TokenizerParams(Section):
+    pretrained: str | None = Field(
+        None, description="Local path of a Hugging Face checkpoint whose tokenizer (and chat template) is used "
+        "instead of training one (paper profile). Never downloaded: HF_HUB_OFFLINE=1.")
+    corpus: list[str] = Field(
+        default_factory=lambda: ["data/splits/role_swap/train.parquet", "data/splits/thoughttrace/train.parquet"],
+        description="Parquet files with a `messages` column whose text trains the byte-level BPE (train splits "
+        "only: no validation text leaks into the vocabulary).")
+    vocab_size: int = Field(4096, ge=300, description="Target vocabulary size of the trained BPE (incl. specials).")
+    min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
+    output_dir: str = Field("models/tokenizer", description="Hugging Face tokenizer folder written by the stage.")
+
+
+class ModelParams(Section):
+    init: Literal["tiny", "pretrained"] = Field(
+        "tiny", description="`tiny`: a Qwen3-architecture model built from the fields below (random init); "
+        "`pretrained`: load the local checkpoint at `pretrained_path`.")
+    pretrained_path: str | None = Field(None, description="Local HF checkpoint folder (required for `pretrained`).")
+    hidden_size: int = Field(128, gt=0, description="Hidden size of the tiny model (<= 128 in the tiny profile).")
+    intermediate_size: int = Field(384, gt=0, description="MLP width of the tiny model.")
+    num_hidden_layers: int = Field(2, gt=0, description="Transformer layers of the tiny model.")
+    num_attention_heads: int = Field(4, gt=0, description="Attention heads.")
+    num_key_value_heads: int = Field(2, gt=0, description="Key/value heads (grouped-query attention).")
+    head_dim: int = Field(32, gt=0, description="Per-head dimension.")
+    max_position_embeddings: int = Field(2048, gt=0, description="Maximum sequence length (RoPE table).")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
+    tie_word_embeddings: bool = Field(True, description="Share input and output embeddings.")
+    seed: int = Field(1234, description="Seed of the random initialisation.")
+
+    @model_validator(mode="after")
+    def _pretrained_needs_path(self) -> "ModelParams":
+        if self.init == "pretrained" and not self.pretrained_path:
+            raise ValueError("model.init = pretrained needs model.pretrained_path")
+        return self
+
+
+class TrainParams(Section):
+    """One training phase (``midtrain`` or ``sft``) run by the shared DeepSpeed loop."""
+
+    train: str = Field(description="Training split parquet (column `messages`; `copies` expands the mixture).")
+    val: str = Field(description="Validation split parquet.")
+    init_from: str = Field(
+        description="`model` to build/load per the model section, or a folder with a Hugging Face model "
+        "(e.g. the previous phase's `final/`).")
+    train_role: Literal["assistant", "user"] = Field(
+        "assistant", description="Role whose content tokens get loss mask 1 (after the role swap the human "
+        "turns sit in the assistant slot).")
+    deepspeed_config: str = Field(
+        description="DeepSpeed JSON (ZeRO stage, micro-batch, gradient accumulation, clipping, precision).")
+    max_len: int = Field(512, gt=8, description="Tokens per packed row (and per example).")
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate", description="An example longer than max_len is truncated (right) or dropped; both counted.")
+    packing: bool = Field(True, description="Pack several examples per row (block-diagonal attention).")
+    epochs: float = Field(1.0, gt=0, description="Passes over the (mixture-expanded) training set.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio.")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Share of steps with linear warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    eval_every: int = Field(20, gt=0, description="Validation loss every N optimizer steps (and at the end).")
+    save_every: int = Field(20, gt=0, description="Checkpoint every N optimizer steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    resume: str = Field("auto", description="`auto`: resume from the latest checkpoint if any; `never`; or a path.")
+    world_size: int = Field(1, ge=1, description="Processes launched (CPU: gloo); ZeRO checkpoints are tied to it.")
+    launcher: Literal["deepspeed", "torchrun"] = Field("deepspeed", description="Launcher used for the job.")
+    seed: int = Field(1234, description="Data order and dropout seed.")
+    output_dir: str = Field(description="Checkpoints (`checkpoints/`) and the final HF folder (`final/`).")
+    log_every: int = Field(1, gt=0, description="Log loss/lr/grad-norm/tokens-per-s every N steps.")
+
+
 class Params(Section):
     """The whole ``params.yaml``."""
 
@@ -145,6 +217,10 @@ class Params(Section):
     thoughttrace: ThoughtTraceParams = Field(default_factory=ThoughtTraceParams, description="ThoughtTrace SFT data.")
     behaviors: BehaviorsParams = Field(default_factory=BehaviorsParams, description="Behaviour annotation and tasks.")
     splits: SplitsParams = Field(default_factory=SplitsParams, description="Leakage-safe grouped splits.")
+    tokenizer: TokenizerParams = Field(default_factory=TokenizerParams, description="Tokenizer stage.")
+    model: ModelParams = Field(default_factory=ModelParams, description="Simulator model architecture/checkpoint.")
+    midtrain: TrainParams | None = Field(None, description="User-side mid-training (role-swapped chats).")
+    sft: TrainParams | None = Field(None, description="ThoughtTrace SFT (reasoning + utterance).")
     validate_: ValidateParams = Field(
         default_factory=ValidateParams, alias="validate", description="great-expectations validation."
     )
