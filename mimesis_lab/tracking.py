@@ -129,3 +129,72 @@ def log_stage_run(
             if Path(path).exists():
                 mlflow.log_artifact(str(path))
         return run.info.run_id
+
+
+# ---------------------------------------------------------------- training runs (flows + jobs)
+UI_ENV = "MIMESIS_MLFLOW_UI"
+
+
+def client(tracking: TrackingParams):
+    """An MlflowClient on the project store (experiment created if needed) and the experiment id."""
+    mlflow = _setup(tracking)
+    exp = mlflow.get_experiment_by_name(tracking.experiment)
+    return mlflow.MlflowClient(tracking_uri=mlflow.get_tracking_uri()), exp.experiment_id
+
+
+def tracking_env(tracking: TrackingParams, run_id: str) -> dict[str, str]:
+    """Environment that lets a launched job attach to ``run_id`` (``MLFLOW_RUN_ID``)."""
+    return {
+        "MLFLOW_TRACKING_URI": resolve_tracking_uri(tracking.tracking_uri),
+        "MLFLOW_EXPERIMENT_NAME": tracking.experiment,
+        "MLFLOW_RUN_ID": run_id,
+    }
+
+
+def provenance(stage: str) -> dict[str, str]:
+    root = project_root()
+    tags = {"git_commit": git_commit(root) or "unknown", "git_dirty": str(git_dirty(root))}
+    for k, v in dvc_lock_hashes(stage, root).items():
+        tags[f"dvc.{k}"[:250]] = v
+    return tags
+
+
+def create_run(tracking: TrackingParams, name: str, parent_id: str | None = None,
+               params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> str:
+    """Create (and leave open) a run, nested under ``parent_id`` when given; returns its id."""
+    c, exp_id = client(tracking)
+    run_tags = {"mlflow.runName": name, **(tags or {})}
+    if parent_id:
+        run_tags["mlflow.parentRunId"] = parent_id
+    run = c.create_run(exp_id, tags=run_tags, run_name=name)
+    if params:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            c.log_batch(run.info.run_id, params=items[i:i + 100])
+    return run.info.run_id
+
+
+def run_url(tracking: TrackingParams, run_id: str) -> str:
+    """Link to the run in the MLflow UI (base from ``MIMESIS_MLFLOW_UI``, default 127.0.0.1:5000)."""
+    c, exp_id = client(tracking)
+    base = os.environ.get(UI_ENV, "http://127.0.0.1:5000").rstrip("/")
+    return f"{base}/#/experiments/{exp_id}/runs/{run_id}"
+
+
+def register_model(tracking: TrackingParams, run_id: str, artifact_path: str, name: str,
+                   alias: str, description: str = "") -> str:
+    """Register ``runs:/<run>/<artifact_path>`` as a new version of ``name`` and point ``alias`` at it."""
+    from mlflow.exceptions import MlflowException
+
+    c, _ = client(tracking)
+    try:
+        c.create_registered_model(name, description="MIMESIS user simulator checkpoints (HF folders)")
+    except MlflowException:
+        pass  # already registered
+    source = f"{c.get_run(run_id).info.artifact_uri}/{artifact_path}"
+    mv = c.create_model_version(name, source=source, run_id=run_id, description=description,
+                                tags={"phase": alias})
+    c.set_registered_model_alias(name, alias, mv.version)
+    return str(mv.version)

@@ -1,6 +1,6 @@
 """Integration: the real `dvc repro` over the data stages on a copy of the project.
 
-Checks the DVC contract of the issue: a full run succeeds, every stage's metrics hold
+Checks the DVC contract of the data stages (run up to ``validate``): a full run succeeds, every stage's metrics hold
 `rows_in == rows_out + rows_quarantined`, a second `dvc repro` is a no-op in <= 3 s,
 changing one stage's params re-runs only that stage and its dependants, and every stage
 run is recorded in the project's MLflow store with params, counts and provenance.
@@ -58,7 +58,7 @@ def project(tmp_path_factory) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dst, check=True)
     subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], cwd=dst, check=True)
-    out, _ = _repro(dst)
+    out, _ = _repro(dst, "validate")
     dst.joinpath("first_run.log").write_text(out)
     return dst
 
@@ -76,7 +76,7 @@ def test_full_run_accounts_for_every_row(project):
 
 
 def test_second_repro_is_a_fast_noop(project):
-    out, dt = _repro(project)
+    out, dt = _repro(project, "validate")
     assert _ran(out) == set(), out
     assert dt <= 3.0, f"no-op dvc repro took {dt:.2f}s"
 
@@ -85,11 +85,11 @@ def test_param_change_reruns_only_dependants(project):
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["splits"]["seed"] = params["splits"]["seed"] + 1
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out, _ = _repro(project)
+    out, _ = _repro(project, "validate")
     assert _ran(out) == {"splits", "validate"}, out
     params["thoughttrace"]["include_reactions"] = True
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out, _ = _repro(project)
+    out, _ = _repro(project, "validate")
     assert _ran(out) == {"thoughttrace", "behaviors", "splits", "validate"}, out
 
 

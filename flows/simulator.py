@@ -1,0 +1,153 @@
+"""Prefect flow ``simulator``: user-side mid-training, then ThoughtTrace SFT (SPEC §2.1–2.2).
+
+Orchestration only: each phase is a task that launches the shared DeepSpeed job
+(``mimesis_lab.train.launch``) as a subprocess, attached to its own MLflow child run
+under one parent run per flow run, then records the result (metrics, the final
+Hugging Face folder as an artifact, a registered model version with the phase as
+alias) and publishes a markdown artifact with the MLflow link.
+
+Retries are enabled only for phases with ``resume: auto`` (a retry continues from the
+last checkpoint instead of starting over; the job only resumes a checkpoint whose
+fingerprint — phase settings, model section, DeepSpeed JSON, data files — matches, see
+:func:`mimesis_lab.train.loop.run_fingerprint`).
+
+Run: ``python -m flows.simulator [--phases midtrain sft] [--params params.yaml]``
+(the DVC stages ``midtrain`` and ``sft`` do exactly this).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from prefect import flow, task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+
+from mimesis_lab import tracking  # noqa: E402
+from mimesis_lab.config import Params, TrainParams, flatten, load_params  # noqa: E402
+
+PHASES = ("midtrain", "sft")
+REGISTERED_MODEL = "mimesis-simulator"
+
+
+def phase_params(params: Params, phase: str) -> TrainParams:
+    cfg = getattr(params, phase, None)
+    if cfg is None:
+        raise ValueError(f"params has no `{phase}` section")
+    return cfg
+
+
+def summary_markdown(phase: str, summary: dict[str, Any], url: str, version: str | None) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, (dict, list)))
+    reg = f"\nRegistered: `{REGISTERED_MODEL}` version {version} (alias `{phase}`)\n" if version else ""
+    return f"# {phase}\n\nMLflow run: [{url}]({url})\n{reg}\n| metric | value |\n|---|---|\n{rows}\n"
+
+
+@task(name="train_phase", log_prints=True)
+def train_phase(phase: str, params_path: str, parent_run_id: str | None,
+                world_size: int | None = None) -> dict[str, Any]:
+    """Launch one training phase as a DeepSpeed job attached to an MLflow child run."""
+    from mimesis_lab.train.launch import launch
+
+    params = load_params(params_path)
+    cfg = phase_params(params, phase)
+    env = dict(os.environ)
+    run_id = None
+    if params.tracking.enabled:
+        run_id = tracking.create_run(
+            params.tracking, phase, parent_run_id,
+            params={**flatten(cfg, f"{phase}."), **flatten(params.model, "model.")},
+            tags={"mimesis.phase": phase, "mimesis.kind": "train", **tracking.provenance(phase)},
+        )
+        env.update(tracking.tracking_env(params.tracking, run_id))
+        c, _ = tracking.client(params.tracking)
+        for f in (params_path, cfg.deepspeed_config):
+            c.log_artifact(run_id, f, "config")
+    ws = world_size or cfg.world_size
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        launch(phase, params_path, ws, cfg.launcher, env, log_path=Path(cfg.output_dir) / "job.log")
+    except BaseException:
+        if run_id:
+            tracking.client(params.tracking)[0].set_terminated(run_id, "FAILED")
+        raise
+    final = Path(cfg.output_dir) / "final"
+    summary = json.loads((final / "training_summary.json").read_text())
+    summary = {"phase": phase, "world_size": ws, **summary}
+    version = None
+    url = ""
+    if run_id:
+        c, _ = tracking.client(params.tracking)
+        c.log_artifacts(run_id, str(final), "model")
+        version = tracking.register_model(params.tracking, run_id, "model", REGISTERED_MODEL, phase,
+                                          description=f"{phase} final weights")
+        c.set_terminated(run_id, "FINISHED")
+        url = tracking.run_url(params.tracking, run_id)
+        summary["mlflow_run_id"] = run_id
+        summary["registered_version"] = version
+    metrics_file = Path("metrics") / f"{phase}.json"
+    metrics_file.parent.mkdir(parents=True, exist_ok=True)
+    metrics_file.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    create_markdown_artifact(markdown=summary_markdown(phase, summary, url, version),
+                             key=f"{phase}-summary", description=f"{phase} final metrics")
+    return summary
+
+
+@flow(name="simulator", log_prints=True)
+def simulator_flow(phases: list[str] = list(PHASES), params_path: str = "params.yaml",
+                   world_size: int | None = None) -> dict[str, Any]:
+    """Stage I training: ``midtrain`` -> ``sft`` (any subset, in this order)."""
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise ValueError(f"unknown phase(s) {unknown}; expected a subset of {PHASES}")
+    params = load_params(params_path)
+    parent = None
+    if params.tracking.enabled:
+        parent = tracking.create_run(params.tracking, "simulator", tags={
+            "mimesis.kind": "flow", "mimesis.phases": ",".join(phases), **tracking.provenance("simulator")})
+    results: dict[str, Any] = {}
+    try:
+        for phase in [p for p in PHASES if p in phases]:
+            retries = 2 if phase_params(params, phase).resume == "auto" else 0
+            results[phase] = train_phase.with_options(retries=retries, retry_delay_seconds=5)(
+                phase, params_path, parent, world_size)
+    except BaseException:
+        if parent:
+            tracking.client(params.tracking)[0].set_terminated(parent, "FAILED")
+        raise
+    if parent:
+        c, _ = tracking.client(params.tracking)
+        for phase, s in results.items():
+            for k in ("final_val_loss", "initial_val_loss", "steps"):
+                if isinstance(s.get(k), (int, float)):
+                    c.log_metric(parent, f"{phase}.{k}", float(s[k]))
+        c.set_terminated(parent, "FINISHED")
+        url = tracking.run_url(params.tracking, parent)
+        body = "\n".join(f"- **{p}**: " + ", ".join(f"{k}={s.get(k)}" for k in
+                                                    ("initial_val_loss", "final_val_loss", "steps"))
+                         for p, s in results.items())
+        create_markdown_artifact(markdown=f"# simulator flow\n\nMLflow parent run: [{url}]({url})\n\n{body}\n",
+                                 key="simulator-summary", description="Stage I training summary")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="flows.simulator")
+    ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--world-size", type=int, default=None, help="override the phases' world_size")
+    args = ap.parse_args(argv)
+    simulator_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

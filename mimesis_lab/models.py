@@ -1,0 +1,247 @@
+"""The simulator model: a tiny Qwen3 built from config, or a local Hugging Face checkpoint.
+
+Everything here is local-only: :func:`load_model` refuses anything that is not an existing
+folder and always passes ``local_files_only=True`` (no hub id is ever resolved; the project
+runs with ``HF_HUB_OFFLINE=1``).
+
+- :func:`build_tiny_model` — a Qwen3-architecture causal LM from the ``model`` section of
+  ``params.yaml`` (random init seeded by ``cfg.seed``, fp32, attention dropout 0).
+- :func:`load_model` — a local checkpoint folder; any problem becomes :class:`ModelLoadError`
+  naming the folder and what is wrong (missing folder/config/weights, corrupt weights,
+  weights that do not cover the architecture).
+- :func:`build_or_load` — dispatch on ``cfg.init`` (``tiny`` | ``pretrained``).
+- :func:`disable_dropout` / :func:`assert_no_dropout` — RL and teacher scoring need a
+  deterministic forward: ``logp`` under ``model.train()`` must equal ``logp`` under ``eval()``.
+- :func:`save_hf` — ``save_pretrained`` (safetensors) plus the tokenizer, one folder.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "ModelLoadError",
+    "DropoutActiveError",
+    "build_tiny_model",
+    "load_model",
+    "build_or_load",
+    "disable_dropout",
+    "assert_no_dropout",
+    "save_hf",
+]
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class ModelLoadError(RuntimeError):
+    """A local checkpoint that cannot be loaded; the message names the path and the problem."""
+
+
+class DropoutActiveError(RuntimeError):
+    """A model that still has a non-zero dropout probability somewhere."""
+
+
+def build_tiny_model(
+    cfg: Any,
+    vocab_size: int,
+    pad_token_id: int,
+    eos_token_id: int,
+    bos_token_id: int | None = None,
+    attn_implementation: str = "sdpa",
+):
+    """Build a randomly initialised Qwen3 causal LM from a :class:`~mimesis_lab.config.ModelParams`.
+
+    The initialisation is seeded with ``cfg.seed`` inside a forked RNG, so the same config gives
+    bit-identical weights and the caller's global RNG state is left untouched. fp32, attention
+    dropout 0, no sliding window.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be > 0, got {vocab_size}")
+    for name, tok in (("pad_token_id", pad_token_id), ("eos_token_id", eos_token_id), ("bos_token_id", bos_token_id)):
+        if tok is not None and not 0 <= tok < vocab_size:
+            raise ValueError(f"{name}={tok} is outside the vocabulary (size {vocab_size})")
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        attention_dropout=0.0,
+        use_sliding_window=False,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=bos_token_id,
+    )
+    config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = Qwen3ForCausalLM(config)
+    model = model.to(torch.float32)
+    if hasattr(model, "generation_config") and model.generation_config is not None:
+        model.generation_config.pad_token_id = pad_token_id
+        model.generation_config.eos_token_id = eos_token_id
+        model.generation_config.bos_token_id = bos_token_id
+    return disable_dropout(model)
+
+
+def _check_folder(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: model folder does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"{path}: missing config.json")
+    try:
+        json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: corrupt config.json ({e})") from None
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ModelLoadError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+    single = path / "model.safetensors"
+    if single.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as f:
+                list(f.keys())
+        except Exception as e:  # safetensors raises its own SafetensorError / OSError
+            raise ModelLoadError(f"{path}: corrupt weights in {single.name} ({type(e).__name__}: {e})") from None
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None):
+    """Load a causal LM from a local Hugging Face checkpoint folder (never from the hub).
+
+    Raises :class:`ModelLoadError` naming ``path`` when the folder, its ``config.json`` or its
+    weights are missing or corrupt, or when the weights leave parameters uninitialised.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path).expanduser().resolve()
+    _check_folder(path)
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": dtype, "output_loading_info": True}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot load checkpoint ({type(e).__name__}: {e})") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise ModelLoadError(f"{path}: weights do not cover the model; missing {len(missing)} tensors: {shown}")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise ModelLoadError(f"{path}: {len(mismatched)} tensors have the wrong shape, e.g. {list(mismatched)[:3]}")
+    model.eval()
+    return model
+
+
+def build_or_load(cfg: Any, tokenizer, attn_implementation: str = "sdpa"):
+    """``cfg.init == "tiny"``: build from ``cfg`` sized to ``tokenizer``; ``"pretrained"``: load ``cfg.pretrained_path``.
+
+    The tiny model's vocabulary is ``len(tokenizer)`` (added special tokens included); its pad id
+    is the tokenizer's pad id, falling back to eos. A pretrained checkpoint whose embedding table
+    is smaller than the tokenizer is rejected (token ids would index past it).
+    """
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    if cfg.init == "tiny":
+        if eos is None:
+            raise ValueError("the tokenizer has no eos token; the tiny model needs one")
+        return build_tiny_model(cfg, len(tokenizer), pad, eos, tokenizer.bos_token_id, attn_implementation)
+    if cfg.init == "pretrained":
+        if not cfg.pretrained_path:
+            raise ModelLoadError("model.init = pretrained needs model.pretrained_path")
+        model = load_model(cfg.pretrained_path, attn_implementation=attn_implementation)
+        n_emb = model.get_input_embeddings().weight.shape[0]
+        if len(tokenizer) > n_emb:
+            raise ModelLoadError(
+                f"{cfg.pretrained_path}: tokenizer has {len(tokenizer)} tokens but the model embeds only {n_emb}"
+            )
+        return model
+    raise ValueError(f"unknown model.init {cfg.init!r} (expected tiny | pretrained)")
+
+
+def _dropout_config_fields(config) -> list[tuple[Any, str]]:
+    """(config object, field) pairs of float dropout probabilities, sub-configs included."""
+    out: list[tuple[Any, str]] = []
+    seen: set[int] = set()
+
+    def visit(c) -> None:
+        if c is None or id(c) in seen:
+            return
+        seen.add(id(c))
+        for key, val in vars(c).items():
+            if isinstance(val, (float, int)) and not isinstance(val, bool) and (
+                "dropout" in key or key.endswith("_pdrop") or key == "pdrop"
+            ):
+                out.append((c, key))
+            elif hasattr(val, "to_dict") and hasattr(val, "model_type"):
+                visit(val)
+
+    visit(config)
+    return out
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set every dropout probability to 0: ``nn.Dropout*`` modules, modules' float ``*dropout*``
+    attributes (e.g. ``Qwen3Attention.attention_dropout``) and the config's dropout fields."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for key, val in list(vars(module).items()):
+            if "dropout" in key and isinstance(val, float):
+                setattr(module, key, 0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for c, key in _dropout_config_fields(config):
+            setattr(c, key, 0.0)
+    return model
+
+
+def assert_no_dropout(model: nn.Module) -> None:
+    """Raise :class:`DropoutActiveError` if any dropout probability (module or config) is > 0.
+
+    Checked regardless of train/eval mode: RL and teacher scoring call ``model.train()``.
+    """
+    active: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            active.append(f"{name or '<root>'} ({type(module).__name__} p={module.p})")
+        for key, val in vars(module).items():
+            if "dropout" in key and isinstance(val, float) and val > 0:
+                active.append(f"{name or '<root>'}.{key}={val}")
+    config = getattr(model, "config", None)
+    if config is not None:
+        for c, key in _dropout_config_fields(config):
+            if getattr(c, key) > 0:
+                active.append(f"config.{key}={getattr(c, key)}")
+    if active:
+        shown = "; ".join(active[:8]) + (f"; … ({len(active)} in all)" if len(active) > 8 else "")
+        raise DropoutActiveError(f"dropout is active: {shown}")
+
+
+def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
+    """Write ``model`` (safetensors + config + generation config) and ``tokenizer`` to ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    if not (out / "model.safetensors").is_file() and not (out / "model.safetensors.index.json").is_file():
+        raise ModelLoadError(f"{out}: save_pretrained wrote no safetensors weights")
+    return out

@@ -1,0 +1,272 @@
+"""Sequence packing with exact per-example isolation, and the token-mean loss.
+
+An *example* is ``(input_ids, loss_mask)`` as produced by
+:func:`mimesis_lab.chat.tokenize_chat`: ``loss_mask[j] == 1`` marks token ``j`` as a target.
+
+Label layout (pre-shifted)
+    ``labels[t]`` is the target scored against ``logits[t]``: ``labels[t] = input_ids[t+1]``
+    when token ``t+1`` belongs to the **same example** and ``loss_mask[t+1] == 1``, else
+    ``-100``. The last token of every example is ``-100``, so no label ever crosses an example
+    boundary, and the first token of an example is never a target (it has no context).
+    Never pass these labels to ``model(labels=...)`` (Hugging Face would shift them again):
+    use :func:`masked_token_mean_ce` on the logits.
+
+Attention isolation (checked against the installed transformers 5.x, Qwen3, CPU)
+    :func:`collate` builds an explicit **4D additive float mask** ``(batch, 1, seq, seq)``:
+    0 where query ``i`` may see key ``j`` (same example and ``j <= i``), ``finfo(dtype).min``
+    elsewhere. Padding tokens see only themselves (no fully-masked row, so no NaN).
+    ``masking_utils._preprocess_mask_arguments`` returns a 4D mask untouched, and both
+    ``sdpa`` (``attn_mask=``) and ``eager`` (``attn_weights + mask``) apply it as is; a
+    *boolean* 4D mask would be wrong under eager (it would add 1/0), hence float. Works for any
+    batch size. ``position_ids`` restart at 0 per example so RoPE sees each example as if alone.
+
+    Alternative ``mask="position_ids"``: no ``attention_mask`` at all; transformers then
+    detects packing from the position resets (``find_packed_sequence_indices``, per row, so
+    batch > 1 works too) and builds the same block-diagonal causal mask internally. Pads get
+    their own position run (0, 1, …) so they form their own segment. It avoids an O(seq²)
+    tensor in the batch (long rows); note that flash-attention's own packed detection
+    (``modeling_flash_attention_utils._is_packed_sequence``) requires batch size 1, i.e. one
+    long row per micro-batch with no padding. Two silent traps
+    (both make examples attend to each other with no error): detection only runs when
+    ``attention_mask is None`` — any 2D mask, even all ones, disables it
+    (huggingface/transformers PR #46634) — and when there is no cache, so the forward call
+    **must pass** ``use_cache=False`` (Qwen3 creates a ``DynamicCache`` whenever
+    ``config.use_cache`` is on, in train and eval mode alike). The 4D mask has neither trap,
+    hence the default.
+"""
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Sequence
+
+import torch
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PackedRow",
+    "fit_examples",
+    "pack",
+    "pad_rows",
+    "packing_efficiency",
+    "collate",
+    "masked_token_ce_sum",
+    "masked_token_mean_ce",
+]
+
+IGNORE_INDEX = -100
+Example = tuple[Sequence[int], Sequence[int]]
+
+
+@dataclass
+class PackedRow:
+    """One training row (unpadded; :func:`collate` pads it to ``max_len``).
+
+    ``labels`` are pre-shifted (see the module docstring); ``position_ids`` restart at 0 per
+    example; ``seq_lens`` are the example lengths in row order; ``example_ids`` index the list
+    given to :func:`pack` / :func:`pad_rows`.
+    """
+
+    input_ids: list[int]
+    labels: list[int]
+    position_ids: list[int]
+    seq_lens: list[int]
+    example_ids: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _check_example(i: int, ids: Sequence[int], mask: Sequence[int]) -> None:
+    if len(ids) != len(mask):
+        raise ValueError(f"example {i}: {len(ids)} input_ids but {len(mask)} loss_mask values")
+    if any(m not in (0, 1) for m in mask):
+        raise ValueError(f"example {i}: loss_mask must contain only 0/1")
+
+
+def fit_examples(
+    examples: Iterable[Example], max_len: int, overlong: Literal["truncate", "drop"] = "truncate"
+) -> tuple[list[tuple[list[int], list[int]]], dict[str, int]]:
+    """Make every example fit ``max_len`` tokens.
+
+    ``overlong="truncate"`` keeps the first ``max_len`` tokens (right truncation), ``"drop"``
+    discards the example. Afterwards an example with no target (``sum(loss_mask[1:]) == 0``:
+    the first token can never be a target, see the label layout) is dropped as well.
+
+    Returns ``(kept, stats)`` with ``stats`` = ``examples_in``, ``examples_out``, ``truncated``,
+    ``dropped_overlong``, ``dropped_no_target``, ``tokens_in``, ``tokens_out``,
+    ``target_tokens_out`` (``examples_in == examples_out + dropped_overlong + dropped_no_target``).
+    """
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    if overlong not in ("truncate", "drop"):
+        raise ValueError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
+    stats = dict.fromkeys(
+        ("examples_in", "examples_out", "truncated", "dropped_overlong", "dropped_no_target",
+         "tokens_in", "tokens_out", "target_tokens_out"), 0)
+    kept: list[tuple[list[int], list[int]]] = []
+    for i, (ids, mask) in enumerate(examples):
+        _check_example(i, ids, mask)
+        stats["examples_in"] += 1
+        stats["tokens_in"] += len(ids)
+        ids, mask = list(ids), list(mask)
+        if len(ids) > max_len:
+            if overlong == "drop":
+                stats["dropped_overlong"] += 1
+                continue
+            ids, mask = ids[:max_len], mask[:max_len]
+            stats["truncated"] += 1
+        n_target = sum(mask[1:])
+        if n_target == 0:
+            stats["dropped_no_target"] += 1
+            continue
+        kept.append((ids, mask))
+        stats["examples_out"] += 1
+        stats["tokens_out"] += len(ids)
+        stats["target_tokens_out"] += n_target
+    return kept, stats
+
+
+def _shifted_labels(ids: Sequence[int], mask: Sequence[int]) -> list[int]:
+    """``labels[t] = ids[t+1]`` where ``mask[t+1] == 1``; the last position is always ignored."""
+    out = [ids[t + 1] if mask[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)]
+    out.append(IGNORE_INDEX)
+    return out
+
+
+def _make_row(examples: Sequence[Example], members: Sequence[int]) -> PackedRow:
+    row = PackedRow([], [], [], [], [])
+    for k in members:
+        ids, mask = examples[k]
+        row.input_ids.extend(ids)
+        row.labels.extend(_shifted_labels(ids, mask))
+        row.position_ids.extend(range(len(ids)))
+        row.seq_lens.append(len(ids))
+        row.example_ids.append(k)
+    return row
+
+
+def _validate_for_rows(examples: Sequence[Example], max_len: int) -> None:
+    for i, (ids, mask) in enumerate(examples):
+        _check_example(i, ids, mask)
+        if not 0 < len(ids) <= max_len:
+            raise ValueError(f"example {i} has {len(ids)} tokens; need 1..{max_len} (run fit_examples first)")
+
+
+def pack(examples: Sequence[Example], max_len: int, seed: int | None = None) -> list[PackedRow]:
+    """Pack examples into rows of at most ``max_len`` tokens (best-fit decreasing).
+
+    Examples are taken longest first (ties: lower index first); each goes into the open row with
+    the least room that still fits it (ties: the oldest row), else a new row. Inside a row the
+    examples keep their input order. Fully deterministic; ``seed`` (optional) only shuffles the
+    order of the returned rows. Every example must already fit (see :func:`fit_examples`).
+    """
+    _validate_for_rows(examples, max_len)
+    order = sorted(range(len(examples)), key=lambda k: (-len(examples[k][0]), k))
+    members: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # sorted (room left, row index)
+    for k in order:
+        n = len(examples[k][0])
+        pos = bisect.bisect_left(free, (n, -1))
+        if pos < len(free):
+            room, r = free.pop(pos)
+        else:
+            room, r = max_len, len(members)
+            members.append([])
+        members[r].append(k)
+        if room - n > 0:
+            bisect.insort(free, (room - n, r))
+    rows = [_make_row(examples, sorted(m)) for m in members]
+    if seed is not None:
+        random.Random(seed).shuffle(rows)
+    return rows
+
+
+def pad_rows(examples: Sequence[Example], max_len: int) -> list[PackedRow]:
+    """The unpacked baseline: one example per row, in input order (right-padded by :func:`collate`)."""
+    _validate_for_rows(examples, max_len)
+    return [_make_row(examples, [k]) for k in range(len(examples))]
+
+
+def packing_efficiency(rows: Sequence[PackedRow], max_len: int) -> float:
+    """Real tokens / (rows × max_len); 0.0 for no rows."""
+    if not rows:
+        return 0.0
+    return sum(len(r) for r in rows) / (len(rows) * max_len)
+
+
+def collate(
+    rows: Sequence[PackedRow],
+    max_len: int,
+    pad_id: int,
+    mask: Literal["4d", "position_ids"] = "4d",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """Stack rows into right-padded ``(batch, max_len)`` tensors.
+
+    Returns ``input_ids``, ``labels`` (pre-shifted, pads ``-100``), ``position_ids`` (restart at 0
+    per example; pads get their own 0, 1, … run) and, for ``mask="4d"``, ``attention_mask``: a
+    ``(batch, 1, max_len, max_len)`` additive mask in ``dtype`` (use the model's dtype) that is
+    block-diagonal causal over examples, with each pad attending only to itself. With
+    ``mask="position_ids"`` no ``attention_mask`` is returned and the forward call must pass
+    ``use_cache=False`` (see the module docstring).
+    Feed as ``model(input_ids=…, attention_mask=…, position_ids=…)``; never pass ``labels``.
+    """
+    if not rows:
+        raise ValueError("collate needs at least one row")
+    if mask not in ("4d", "position_ids"):
+        raise ValueError(f"mask must be '4d' or 'position_ids', got {mask!r}")
+    b = len(rows)
+    input_ids = torch.full((b, max_len), pad_id, dtype=torch.long)
+    labels = torch.full((b, max_len), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((b, max_len), dtype=torch.long)
+    segment = torch.empty((b, max_len), dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row)
+        if n > max_len:
+            raise ValueError(f"row {i} has {n} tokens > max_len {max_len}")
+        if sum(row.seq_lens) != n or len(row.labels) != n or len(row.position_ids) != n:
+            raise ValueError(f"row {i} is inconsistent (seq_lens/labels/position_ids vs input_ids)")
+        input_ids[i, :n] = torch.tensor(row.input_ids, dtype=torch.long)
+        labels[i, :n] = torch.tensor(row.labels, dtype=torch.long)
+        position_ids[i, :n] = torch.tensor(row.position_ids, dtype=torch.long)
+        position_ids[i, n:] = torch.arange(max_len - n)
+        seg = torch.repeat_interleave(torch.arange(len(row.seq_lens)), torch.tensor(row.seq_lens, dtype=torch.long))
+        segment[i, :n] = seg
+        # every pad is its own segment: with causality it sees only itself
+        segment[i, n:] = len(row.seq_lens) + torch.arange(max_len - n)
+    out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    if mask == "4d":
+        causal = torch.ones((max_len, max_len), dtype=torch.bool).tril()
+        allowed = (segment[:, :, None] == segment[:, None, :]) & causal
+        additive = torch.zeros((b, 1, max_len, max_len), dtype=dtype)
+        additive.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        out["attention_mask"] = additive
+    return out
+
+
+def masked_token_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of CE over tokens with label != -100, their count)``; ``logits[..., t, :]`` is scored
+    against ``labels[..., t]`` (labels pre-shifted, no further shift). Computed in fp32.
+
+    For a global token mean across ranks/micro-batches: all-reduce both, then divide.
+    """
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
+    flat_logits = logits.reshape(-1, logits.shape[-1]).float()
+    flat_labels = labels.reshape(-1)
+    total = torch.nn.functional.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    count = (flat_labels != IGNORE_INDEX).sum()
+    return total, count
+
+
+def masked_token_mean_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Token-mean cross-entropy over labels != -100 (pre-shifted labels: ``logits[t]`` vs ``labels[t]``).
+
+    With no target token it returns a graph-connected 0 (``0 * logits.sum()``), so backward works.
+    """
+    total, count = masked_token_ce_sum(logits, labels)
+    if int(count) == 0:
+        return logits.sum() * 0.0
+    return total / count

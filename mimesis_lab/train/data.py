@@ -1,0 +1,193 @@
+"""Training data for the DeepSpeed loop: split parquet → token rows → a deterministic plan.
+
+1. :func:`read_conversations` reads a split parquet (column ``messages``: list of
+   ``{role, content}``). For the training split, a mixture ``copies`` column (written by the
+   ``role_swap`` stage) is expanded with :func:`mimesis_lab.mixture.expand_mixture` (repeat by
+   ``copies``, seeded shuffle); validation splits are read one row per conversation. A
+   missing file, a missing ``messages`` column or an empty split (also: empty after the
+   expansion) raises :class:`DataError` naming the file.
+2. :func:`build_rows` tokenises with :func:`mimesis_lab.chat.tokenize_many` (loss mask on the
+   ``train_role`` content), makes every example fit ``max_len`` with
+   :func:`mimesis_lab.packing.fit_examples` (``truncate`` | ``drop``, counted), then packs
+   (:func:`mimesis_lab.packing.pack`, block-diagonal attention) or pads one example per row.
+3. :class:`DataPlan` decides which rows every rank sees at every step, as a pure function of
+   ``(seed, step)``: the rows form an endless stream, epoch ``e`` being the permutation
+   ``default_rng([seed, e]).permutation(n_rows)``; optimizer step ``s`` consumes stream
+   positions ``[s*G, (s+1)*G)`` with ``G = micro_batch * grad_accum * world_size`` (the global
+   batch). Micro-step ``k`` of rank ``r`` takes the ``micro_batch`` rows starting at
+   ``k*world_size*micro_batch + r*micro_batch`` of that window. The *set* of rows in a step
+   depends only on ``(seed, step, G)``, not on the world size, and the data cursor of a
+   checkpoint is just the step: resuming needs no data-loader state.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import polars as pl
+
+from mimesis_lab.chat import tokenize_many
+from mimesis_lab.mixture import expand_mixture
+from mimesis_lab.packing import IGNORE_INDEX, PackedRow, fit_examples, pack, packing_efficiency, pad_rows
+
+__all__ = ["DataError", "read_conversations", "build_rows", "load_rows", "DataPlan", "target_count", "eval_batches"]
+
+
+class DataError(ValueError):
+    """A training/validation split that cannot be used; the message names the file."""
+
+
+def _to_messages(value: Any) -> list[dict[str, Any]]:
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def read_conversations(path: str | Path, *, expand: bool, seed: int) -> list[list[dict[str, Any]]]:
+    """The conversations of a split parquet, mixture-expanded when ``expand`` and a ``copies``
+    column is present (one per conversation otherwise). Raises :class:`DataError` naming ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: split file not found")
+    try:
+        df = pl.read_parquet(path)
+    except Exception as e:  # polars raises several types for a bad file
+        raise DataError(f"{path}: cannot read parquet ({type(e).__name__}: {e})") from None
+    if "messages" not in df.columns:
+        raise DataError(f"{path}: no `messages` column (columns: {df.columns})")
+    if df.is_empty():
+        raise DataError(f"{path}: the split is empty (0 conversations); nothing to train or evaluate on")
+    convs = [_to_messages(m) for m in df.get_column("messages").to_list()]
+    if expand and "copies" in df.columns:
+        order = expand_mixture(df.select(pl.col("copies")).with_row_index("_row"), seed).get_column("_row").to_list()
+        if not order:
+            raise DataError(f"{path}: the mixture `copies` are all 0; the expanded split is empty")
+        convs = [convs[i] for i in order]
+    return convs
+
+
+def build_rows(
+    tokenizer: Any,
+    conversations: Sequence[Sequence[dict[str, Any]]],
+    *,
+    train_role: str,
+    max_len: int,
+    overlong: str,
+    packing: bool,
+    source: str = "<conversations>",
+) -> tuple[list[PackedRow], dict[str, Any]]:
+    """Tokenise, fit and pack (or pad) ``conversations``; returns ``(rows, stats)``.
+
+    Identical conversations (mixture copies) are tokenised once. A conversation the chat
+    tokenisation rejects is skipped and counted (``tokenize_errors``, first message in
+    ``first_tokenize_error``). ``stats`` also holds :func:`fit_examples`' counts, ``rows``,
+    ``packing_efficiency`` (real tokens / (rows × max_len)), ``real_tokens`` and ``target_tokens``.
+    """
+    keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
+    unique: dict[tuple, int] = {}
+    for k in keys:
+        unique.setdefault(k, len(unique))
+    uniq_convs = [[{"role": r, "content": c} for r, c in k] for k in unique]
+    results = tokenize_many(tokenizer, uniq_convs, train_role, errors="return")
+    errors = [r for r in results if isinstance(r, Exception)]
+    examples = [results[unique[k]] for k in keys if not isinstance(results[unique[k]], Exception)]
+    kept, stats = fit_examples(examples, max_len, overlong)  # type: ignore[arg-type]
+    if not kept:
+        raise DataError(f"{source}: no example is left after tokenisation and fitting to max_len={max_len} "
+                        f"(tokenize errors: {len(errors)}, stats: {stats})")
+    rows = pack(kept, max_len) if packing else pad_rows(kept, max_len)
+    out: dict[str, Any] = dict(stats)
+    out.update(
+        conversations=len(conversations),
+        tokenize_errors=sum(1 for k in keys if isinstance(results[unique[k]], Exception)),
+        first_tokenize_error=str(errors[0]) if errors else None,
+        rows=len(rows),
+        packing=packing,
+        packing_efficiency=packing_efficiency(rows, max_len),
+        real_tokens=sum(len(r) for r in rows),
+        target_tokens=sum(target_count(r) for r in rows),
+    )
+    return rows, out
+
+
+def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool) -> tuple[list[PackedRow], dict[str, Any]]:
+    """:func:`read_conversations` + :func:`build_rows` with the settings of a ``TrainParams``."""
+    convs = read_conversations(path, expand=train, seed=cfg.seed)
+    return build_rows(tokenizer, convs, train_role=cfg.train_role, max_len=cfg.max_len,
+                      overlong=cfg.overlong, packing=cfg.packing, source=str(path))
+
+
+def target_count(row: PackedRow) -> int:
+    """Number of scored tokens (labels != -100) in a row."""
+    return sum(1 for t in row.labels if t != IGNORE_INDEX)
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Which training rows each rank uses at each optimizer step (see the module docstring)."""
+
+    n_rows: int
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+    seed: int
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("n_rows", "micro_batch", "grad_accum", "world_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DataPlan.{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def global_batch(self) -> int:
+        """Rows per optimizer step, all ranks and micro-steps together."""
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    def total_steps(self, epochs: float, max_steps: int | None = None) -> int:
+        """``max_steps`` if given, else ``ceil(epochs * n_rows / global_batch)``."""
+        if max_steps is not None:
+            return int(max_steps)
+        return max(1, math.ceil(round(epochs * self.n_rows / self.global_batch, 9)))
+
+    def steps_per_epoch(self) -> float:
+        return self.n_rows / self.global_batch
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The seeded permutation of row indices for ``epoch``."""
+        if epoch not in self._cache:
+            if len(self._cache) > 4:
+                self._cache.clear()
+            self._cache[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
+        return self._cache[epoch]
+
+    def epoch_at(self, step: int) -> float:
+        """Epochs completed before optimizer step ``step`` (stream position / n_rows)."""
+        return step * self.global_batch / self.n_rows
+
+    def step_rows(self, step: int) -> list[int]:
+        """The ``global_batch`` row indices of optimizer step ``step`` (0-based)."""
+        start = step * self.global_batch
+        out: list[int] = []
+        for pos in range(start, start + self.global_batch):
+            epoch, i = divmod(pos, self.n_rows)
+            out.append(int(self.epoch_order(epoch)[i]))
+        return out
+
+    def micro_batches(self, step: int, rank: int) -> list[list[int]]:
+        """``grad_accum`` lists of ``micro_batch`` row indices for ``rank`` at ``step``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world size {self.world_size}")
+        rows = self.step_rows(step)
+        per = self.world_size * self.micro_batch
+        return [rows[k * per + rank * self.micro_batch: k * per + (rank + 1) * self.micro_batch]
+                for k in range(self.grad_accum)]
+
+
+def eval_batches(n_rows: int, micro_batch: int, world_size: int, rank: int) -> list[list[int]]:
+    """Validation rows of ``rank``: every rank gets the same number of batches (some may be
+    empty lists) so collective engines (ZeRO-3) never wait on a rank that has finished."""
+    per = micro_batch * world_size
+    n_batches = math.ceil(n_rows / per)
+    return [[i for i in range(b * per + rank * micro_batch, b * per + (rank + 1) * micro_batch) if i < n_rows]
+            for b in range(n_batches)]

@@ -1,0 +1,381 @@
+"""The DeepSpeed training loop, for real: CPU, gloo, ZeRO-2, the `deepspeed` and `torchrun`
+launchers, a tiny Qwen3 and a tiny synthetic chat set (no mocks).
+
+One module-scoped uninterrupted run (`run_a`, world size 1, deepspeed launcher, attached to
+an MLflow run) is the reference that the other runs are compared with:
+- world size 2 with the same global batch (micro 2 × accumulation 1 × 2 ranks vs 2 × 2 × 1);
+- a run SIGKILLed (whole process group) after a checkpoint, then rerun with `resume: auto`;
+- a run resumed from the reference's epoch-boundary checkpoint (explicit `resume: <path>`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from mimesis_lab.config import load_params
+from mimesis_lab.train.data import DataError, DataPlan, build_rows, eval_batches, read_conversations
+from mimesis_lab.train.launch import LaunchError, build_command, free_port, job_env, launch
+from mimesis_lab.train.loop import MARKER, ResumeError, list_checkpoints, resolve_resume, tag_for, validate_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+ITEMS = ["apples", "pears", "books", "shoes", "tickets", "chairs", "lamps", "cups"]
+N_TRAIN, GLOBAL_BATCH, EPOCHS = 16, 4, 50          # 4 steps per epoch, 200 steps
+TOTAL = N_TRAIN * EPOCHS // GLOBAL_BATCH
+ENV = {"OMP_NUM_THREADS": "1"}                       # 2 shared cores: one thread per rank
+
+
+def _conv(rng: random.Random, i: int) -> list[dict[str, str]]:
+    n, it = rng.randint(1, 9), ITEMS[i % len(ITEMS)]
+    return [{"role": "assistant", "content": f"I need {n} {it}."},
+            {"role": "user", "content": f"Here are {n} {it}."},
+            {"role": "assistant", "content": f"Thanks, {n} {it} is all."}]
+
+
+def _ds_config(path: Path, micro: int, gas: int) -> Path:
+    path.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
+        "fp16": {"enabled": False}, "bf16": {"enabled": False}, "zero_optimization": {"stage": 2},
+        "zero_allow_untested_optimizer": True, "steps_per_print": 10**9, "wall_clock_breakdown": False}))
+    return path
+
+
+class Project:
+    """Tiny data, tokenizer and DeepSpeed configs in a tmp folder; writes params files."""
+
+    def __init__(self, root: Path):
+        from mimesis_lab.tokenizer import train_tokenizer
+
+        self.root = root
+        rng = random.Random(0)
+        train = [_conv(rng, i) for i in range(N_TRAIN)]
+        val = [_conv(rng, i) for i in range(N_TRAIN, N_TRAIN + 4)]
+        # mixture copies: one conversation twice, one left out -> still N_TRAIN rows
+        copies = [1] * N_TRAIN
+        copies[3], copies[5] = 2, 0
+        pl.DataFrame({"messages": train, "copies": copies}).write_parquet(root / "train.parquet")
+        pl.DataFrame({"messages": val, "copies": [1] * 4}).write_parquet(root / "val.parquet")
+        tok = train_tokenizer([m["content"] for c in train for m in c] * 4, vocab_size=300, min_frequency=2)
+        tok.save_pretrained(str(root / "tokenizer"))
+        self.ds1 = _ds_config(root / "ds_ws1.json", 2, 2)
+        self.ds2 = _ds_config(root / "ds_ws2.json", 2, 1)
+
+    def params(self, name: str, **train) -> Path:
+        p = yaml.safe_load((ROOT / "params.yaml").read_text())
+        p["tracking"]["enabled"] = False
+        p["tokenizer"]["output_dir"] = str(self.root / "tokenizer")
+        p["model"].update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, max_position_embeddings=128)
+        section = dict(p["midtrain"])
+        section.update(train=str(self.root / "train.parquet"), val=str(self.root / "val.parquet"),
+                       init_from="model", deepspeed_config=str(self.ds1), max_len=80, packing=False,
+                       epochs=float(EPOCHS), max_steps=None, lr=0.01, warmup_ratio=0.05, min_lr_ratio=0.1,
+                       eval_every=20, save_every=20, keep_last=2, resume="auto", world_size=1,
+                       launcher="deepspeed", seed=7, output_dir=str(self.root / name), log_every=1)
+        section.update(train)
+        p["midtrain"] = section
+        path = self.root / f"params_{name}.yaml"
+        path.write_text(yaml.safe_dump(p))
+        load_params(path)  # validates
+        return path
+
+    def out(self, name: str) -> Path:
+        return self.root / name
+
+
+def _records(out: Path, kind: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Project:
+    return Project(tmp_path_factory.mktemp("train"))
+
+
+@pytest.fixture(scope="module")
+def run_a(project: Project):
+    """The uninterrupted reference run: world size 1, deepspeed launcher, MLflow attached."""
+    import mlflow
+
+    uri = f"sqlite:///{project.root / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("train-test", artifact_location=(project.root / "artifacts").as_uri())
+    run_id = client.create_run(exp, run_name="midtrain").info.run_id
+    t0 = time.time()
+    res = launch("midtrain", project.params("a"), env={**ENV, "MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": uri},
+                 echo=False, timeout_s=300)
+    return {"out": project.out("a"), "result": res, "client": client, "run_id": run_id, "wall_s": time.time() - t0}
+
+
+# ----------------------------------------------------------------------------- data (no DeepSpeed)
+def test_empty_or_missing_split_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.parquet"
+    pl.DataFrame({"messages": []}, schema={"messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String}))}
+                 ).write_parquet(empty)
+    with pytest.raises(DataError, match=r"empty\.parquet: the split is empty"):
+        read_conversations(empty, expand=True, seed=0)
+    with pytest.raises(DataError, match=r"nope\.parquet: split file not found"):
+        read_conversations(tmp_path / "nope.parquet", expand=False, seed=0)
+    zero = tmp_path / "zero.parquet"
+    pl.DataFrame({"messages": [[{"role": "assistant", "content": "hi"}]], "copies": [0]}).write_parquet(zero)
+    with pytest.raises(DataError, match=r"zero\.parquet: the mixture `copies` are all 0"):
+        read_conversations(zero, expand=True, seed=0)
+    assert len(read_conversations(zero, expand=False, seed=0)) == 1      # validation: one per conversation
+    nomsg = tmp_path / "nomsg.parquet"
+    pl.DataFrame({"text": ["x"]}).write_parquet(nomsg)
+    with pytest.raises(DataError, match=r"nomsg\.parquet: no `messages` column"):
+        read_conversations(nomsg, expand=False, seed=0)
+
+
+def test_mixture_expansion_and_rows(project: Project):
+    convs = read_conversations(project.root / "train.parquet", expand=True, seed=7)
+    assert len(convs) == N_TRAIN
+    assert convs == read_conversations(project.root / "train.parquet", expand=True, seed=7)   # seeded
+    plain = read_conversations(project.root / "train.parquet", expand=False, seed=7)
+    assert sum(c == plain[3] for c in convs) == 2 and plain[5] not in convs
+    from mimesis_lab.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(project.root / "tokenizer")
+    rows, stats = build_rows(tok, convs, train_role="assistant", max_len=80, overlong="truncate", packing=False,
+                             source="train")
+    packed, pstats = build_rows(tok, convs, train_role="assistant", max_len=160, overlong="truncate", packing=True)
+    assert stats["rows"] == N_TRAIN and stats["truncated"] == 0 and stats["tokenize_errors"] == 0
+    _, wide = build_rows(tok, convs, train_role="assistant", max_len=160, overlong="truncate", packing=False)
+    assert pstats["rows"] <= N_TRAIN / 2 and pstats["packing_efficiency"] > 1.5 * wide["packing_efficiency"]
+    assert pstats["target_tokens"] == stats["target_tokens"]
+    _, short = build_rows(tok, convs, train_role="assistant", max_len=52, overlong="drop", packing=True)
+    assert short["dropped_overlong"] == N_TRAIN - short["examples_out"] > 0 and short["examples_out"] > 0
+    with pytest.raises(DataError, match="train: no example is left"):
+        build_rows(tok, convs, train_role="assistant", max_len=30, overlong="drop", packing=True, source="train")
+
+
+def test_data_plan_is_world_size_independent():
+    a = DataPlan(n_rows=10, micro_batch=2, grad_accum=2, world_size=1, seed=3)
+    b = DataPlan(n_rows=10, micro_batch=2, grad_accum=1, world_size=2, seed=3)
+    assert a.global_batch == b.global_batch == 4
+    for step in range(12):
+        assert a.step_rows(step) == b.step_rows(step)
+        got = sorted(i for r in range(2) for mb in b.micro_batches(step, r) for i in mb)
+        assert got == sorted(a.step_rows(step))
+    # the stream visits every row once per epoch, in a new order each epoch
+    stream = [i for s in range(5) for i in a.step_rows(s)]
+    assert sorted(stream[:10]) == list(range(10)) and sorted(stream[10:20]) == list(range(10))
+    assert stream[:10] != stream[10:20]
+    assert a.total_steps(2.0) == 5 and a.total_steps(2.0, max_steps=3) == 3 and a.epoch_at(5) == 2.0
+    assert eval_batches(5, 2, 2, 0) == [[0, 1], [4]] and eval_batches(5, 2, 2, 1) == [[2, 3], []]
+
+
+def test_resume_path_errors(tmp_path):
+    assert resolve_resume("never", tmp_path / "ck", 1) is None
+    assert resolve_resume("auto", tmp_path / "ck", 1) is None                 # fresh start
+    with pytest.raises(ResumeError, match="does not exist"):
+        resolve_resume(str(tmp_path / "missing"), tmp_path / "ck", 1)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ResumeError, match="holds no complete checkpoint"):
+        resolve_resume(str(tmp_path / "empty"), tmp_path / "ck", 1)
+    half = tmp_path / "ck" / tag_for(20)
+    half.mkdir(parents=True)
+    (half / "mp_rank_00_model_states.pt").write_bytes(b"partial")             # killed while saving
+    assert resolve_resume("auto", tmp_path / "ck", 1) is None
+    with pytest.raises(ResumeError, match="incomplete"):
+        resolve_resume(str(half), tmp_path / "ck", 1)
+
+
+def test_launch_command_lines():
+    ds = build_command("sft", "p.yaml", 2, "deepspeed", 29555)
+    assert ds[-6:] == ["--module", "mimesis_lab.train.run", "--phase", "sft", "--params", "p.yaml"]
+    assert ds[ds.index("--num_gpus") + 1] == "2" and ds[ds.index("--num_nodes") + 1] == "1"
+    assert ds[ds.index("--master_port") + 1] == "29555"
+    tr = build_command("midtrain", "p.yaml", 2, "torchrun", 29556)
+    assert tr[1:3] == ["-m", "torch.distributed.run"] and tr[tr.index("--nproc_per_node") + 1] == "2"
+    assert tr[tr.index("-m", 3) + 1] == "mimesis_lab.train.run"
+    with pytest.raises(ValueError, match="unknown launcher"):
+        build_command("sft", "p.yaml", 1, "mpirun", 1)
+    env = job_env(2, {"FOO": "1"})
+    assert env["FOO"] == "1" and env["DS_ACCELERATOR"] == "cpu"          # no CUDA on this machine
+    assert int(env["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) // 2)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert job_env(1, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+
+
+# ----------------------------------------------------------------------------- real runs
+def test_world_size_1_reduces_loss_and_exports(run_a, project: Project):
+    out = run_a["out"]
+    train = _records(out, "train")
+    assert [r["step"] for r in train] == list(range(1, TOTAL + 1))
+    first, last = sum(r["loss"] for r in train[:4]) / 4, sum(r["loss"] for r in train[-4:]) / 4
+    assert last < 0.5 * first, (first, last)
+    assert all(r["lr"] > 0 and r["grad_norm"] > 0 and r["tokens_per_s"] > 0 and r["step_time_s"] > 0 for r in train)
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["steps"] == TOTAL and summary["world_size"] == 1 and summary["zero_stage"] == 2
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert summary["tokens"] == sum(r["tokens"] for r in train)
+    assert summary["examples_truncated"] == 0 and summary["examples_dropped"] == 0
+    assert 0 < summary["packing_efficiency"] <= 1
+    evals = _records(out, "eval")
+    assert [e["step"] for e in evals] == list(range(0, TOTAL + 1, 20))
+    # checkpoints: keep_last = 2, each with its logged sha256
+    kept = list_checkpoints(out / "checkpoints")
+    assert [s for s, _ in kept] == [TOTAL - 20, TOTAL]
+    ck = _records(out, "checkpoint")
+    assert [c["step"] for c in ck] == list(range(20, TOTAL + 1, 20))
+    from mimesis_lab.tracking import file_sha256
+
+    for name, digest in ck[-1]["sha256"].items():
+        assert file_sha256(Path(ck[-1]["path"]) / name) == digest
+    # the exported folder is a plain Hugging Face model equal to the trained weights
+    from mimesis_lab.models import load_model
+
+    model = load_model(out / "final")
+    sd = torch.load(kept[-1][1] / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+    # MLflow (attached through MLFLOW_RUN_ID)
+    client, run_id = run_a["client"], run_a["run_id"]
+    assert len(client.get_metric_history(run_id, "train_loss")) == TOTAL
+    for key in ("lr", "grad_norm", "tokens_per_s", "step_time_s", "val_loss"):
+        assert client.get_metric_history(run_id, key), key
+    assert client.get_run(run_id).data.tags["last_checkpoint"].endswith(tag_for(TOTAL))
+    print(f"\nrun_a: {TOTAL} steps, wall {run_a['wall_s']:.1f}s, "
+          f"median step {sorted(r['step_time_s'] for r in train)[TOTAL // 2] * 1e3:.1f} ms, "
+          f"median {sorted(r['tokens_per_s'] for r in train)[TOTAL // 2]:.0f} tok/s")
+
+
+@pytest.mark.slow
+def test_world_size_2_matches_world_size_1(run_a, project: Project):
+    params = project.params("w2", world_size=2, deepspeed_config=str(project.ds2))
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    a, b = _records(run_a["out"], "train"), _records(project.out("w2"), "train")
+    assert len(a) == len(b) == TOTAL
+    # same global batch, same rows per step: only the float summation order differs
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-5), ra["step"]
+        assert rb["tokens"] == ra["tokens"]
+    wa, wb = _weights(run_a["out"]), _weights(project.out("w2"))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-4
+    assert json.loads((project.out("w2") / "final" / "training_summary.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_zero3_torchrun_world_size_2_matches(run_a, project: Project):
+    """ZeRO-3 (partitioned parameters; export rebuilt from zero_to_fp32) under torchrun."""
+    ds3 = project.root / "ds_zero3.json"
+    cfg = json.loads(project.ds2.read_text())
+    cfg["zero_optimization"] = {"stage": 3}
+    ds3.write_text(json.dumps(cfg))
+    params = project.params("z3", world_size=2, deepspeed_config=str(ds3), launcher="torchrun")
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    a, b = _records(run_a["out"], "train"), _records(project.out("z3"), "train")
+    for ra, rb in zip(a, b, strict=True):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-3, abs=1e-4), ra["step"]
+    summary = json.loads((project.out("z3") / "final" / "training_summary.json").read_text())
+    assert summary["zero_stage"] == 3 and summary["world_size"] == 2
+    wa, wb = _weights(run_a["out"]), _weights(project.out("z3"))
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-3
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_uninterrupted(run_a, project: Project):
+    params = project.params("k")
+    out = project.out("k")
+    cmd = build_command("midtrain", params, 1, "deepspeed", free_port())
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(1, ENV), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoints" / tag_for(20) / MARKER).is_file():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)          # the launcher and its ranks, mid-run
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "final").exists()
+    killed_at = max(r["step"] for r in _records(out, "train"))
+    assert killed_at < TOTAL
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)   # resume: auto
+    start = _records(out, "start")[-1]
+    assert start["resumed"] and 20 <= start["step"] <= killed_at
+    train = _records(out, "train")
+    assert [r["step"] for r in train] == list(range(1, TOTAL + 1))  # records of the killed tail dropped
+    wa, wk = _weights(run_a["out"]), _weights(out)
+    for k in wa:
+        assert torch.equal(wa[k], wk[k]), k                          # bit-exact
+    ref = {r["step"]: r["loss"] for r in _records(run_a["out"], "train")}
+    assert all(r["loss"] == ref[r["step"]] for r in train)
+
+
+def test_resume_at_epoch_boundary_trains_exactly_the_remaining_steps(run_a, project: Project):
+    src = run_a["out"] / "checkpoints" / tag_for(TOTAL - 20)         # step 180 = end of epoch 45
+    dst = project.out("e") / "checkpoints" / src.name
+    shutil.copytree(src, dst)
+    info = json.loads((dst / MARKER).read_text())
+    assert info["client_state"]["epoch"] == (TOTAL - 20) * GLOBAL_BATCH / N_TRAIN == 45.0
+    params = project.params("e", resume=str(dst), launcher="torchrun")
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    out = project.out("e")
+    train = _records(out, "train")
+    assert [r["step"] for r in train] == list(range(TOTAL - 19, TOTAL + 1))   # exactly the 20 remaining
+    assert train[0]["epoch"] == 45.25 and train[-1]["epoch"] == EPOCHS
+    ref = {r["step"]: r["loss"] for r in _records(run_a["out"], "train")}
+    assert all(r["loss"] == ref[r["step"]] for r in train)
+    wa, we = _weights(run_a["out"]), _weights(out)
+    assert all(torch.equal(wa[k], we[k]) for k in wa)
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["steps"] == TOTAL and summary["tokens"] == json.loads(
+        (run_a["out"] / "final" / "training_summary.json").read_text())["tokens"]
+
+
+def test_resume_auto_starts_fresh_after_a_change_of_settings(run_a, project: Project):
+    out = project.out("f")
+    shutil.copytree(run_a["out"] / "checkpoints", out / "checkpoints")
+    shutil.copy(run_a["out"] / "metrics.jsonl", out / "metrics.jsonl")
+    params = project.params("f", lr=0.005, max_steps=4, launcher="torchrun", save_every=2)
+    res = launch("midtrain", params, env=ENV, echo=False, timeout_s=300, tail_lines=10_000)
+    assert "fingerprint differs); starting fresh" in res.stdout
+    assert [r["resumed"] for r in _records(out, "start")] == [False]
+    assert [r["step"] for r in _records(out, "train")] == [1, 2, 3, 4]
+    assert [s for s, _ in list_checkpoints(out / "checkpoints", complete_only=False)] == [2, 4]
+
+
+def test_corrupt_or_foreign_checkpoint_is_a_clear_error(run_a, project: Project):
+    src = run_a["out"] / "checkpoints" / tag_for(TOTAL)
+    bad = project.out("c") / "checkpoints" / src.name
+    shutil.copytree(src, bad)
+    with pytest.raises(ResumeError, match="world_size 1, this run has world_size 2"):
+        validate_checkpoint(bad, world_size=2)
+    optim = next(bad.glob("zero_pp_rank_0_*optim_states.pt"))
+    data = bytearray(optim.read_bytes())
+    data[len(data) // 2] ^= 0xFF                                      # same size, flipped byte
+    optim.write_bytes(bytes(data))
+    with pytest.raises(ResumeError, match="sha256"):
+        validate_checkpoint(bad, world_size=1)
+    optim.write_bytes(bytes(data[:100]))                              # truncated
+    with pytest.raises(ResumeError, match="corrupt checkpoint file .size"):
+        validate_checkpoint(bad, world_size=1)
+    # through the launcher: the job fails fast with the reason in the log tail
+    params = project.params("c", resume=str(bad), launcher="torchrun")
+    with pytest.raises(LaunchError) as err:
+        launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    assert "ResumeError" in err.value.tail and str(optim) in err.value.tail
+    assert "training job failed" in str(err.value)
+    assert not (project.out("c") / "final").exists()
