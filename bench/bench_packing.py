@@ -163,13 +163,15 @@ def one_pass(model, prepared) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="role_swap", choices=["role_swap", "thoughttrace"])
-    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--max-len", type=int, default=None, help="default: midtrain.max_len of params.yaml")
     ap.add_argument("--batch", type=int, default=4, help="rows per micro-batch (all modes)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "packing.json"))
     args = ap.parse_args()
 
     params = load_params(ROOT / "params.yaml")
+    if args.max_len is None:
+        args.max_len = params.midtrain.max_len if params.midtrain else 512
     convs = load_conversations(args.dataset)
     enc = Encoder(convs, params)
     examples = [render(enc, c) for c in convs]

@@ -82,11 +82,20 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     final = Path(cfg.output_dir) / "final"
     summary = json.loads((final / "training_summary.json").read_text())
     summary = {"phase": phase, "world_size": ws, **summary}
+    if phase == "sft":  # does the simulator think before it speaks? (greedy, validation prompts)
+        from mimesis_lab.evals.think_format import evaluate_folder
+
+        fmt = evaluate_folder(final, cfg.val)
+        summary.update({f"format_{k}": v for k, v in fmt.items() if k != "examples"})
+        summary["format_examples"] = fmt["examples"]
     version = None
     url = ""
     if run_id:
         c, _ = tracking.client(params.tracking)
         c.log_artifacts(run_id, str(final), "model")
+        for k, v in summary.items():
+            if k.startswith("format_") and isinstance(v, (int, float)):
+                c.log_metric(run_id, k, float(v))
         version = tracking.register_model(params.tracking, run_id, "model", REGISTERED_MODEL, phase,
                                           description=f"{phase} final weights")
         c.set_terminated(run_id, "FINISHED")

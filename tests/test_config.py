@@ -87,3 +87,15 @@ def test_every_field_has_help_text():
 
 def test_flatten():
     assert C.flatten({"a": {"b": 1, "c": {"d": "x"}}}) == {"a.b": 1, "a.c.d": "x"}
+
+
+def test_profile_merge_cli(tmp_path):
+    out = tmp_path / "merged.yaml"
+    assert C.main(["--params", str(ROOT / "params.yaml"), "--profile",
+                   str(ROOT / "configs/paper/params.paper.yaml"), "-o", str(out)]) == 0
+    merged = C.load_params(out)
+    assert merged.model.init == "pretrained" and merged.midtrain.deepspeed_config.startswith("configs/paper/")
+    assert C.merge_profile({"a": {"b": 1, "c": 2}}, {"a": {"c": 3}}) == {"a": {"b": 1, "c": 3}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {hidden_sise: 3}\n")
+    assert C.main(["--params", str(ROOT / "params.yaml"), "--profile", str(bad)]) == 2

@@ -99,6 +99,8 @@ def test_metrics_files_and_final_models(flow_run):
         assert m["steps"] == 4 and m["registered_version"] in {"1", "2"}
         assert m["final_val_loss"] < m["initial_val_loss"]
         load_model(tmp / phase / "final")
+    sft = json.loads((tmp / "metrics" / "sft.json").read_text())
+    assert sft["format_prompts"] == 8 and 0 <= sft["format_think_open_close_rate"] <= 1
     assert "Finished in state Completed()" in log
 
 

@@ -108,3 +108,20 @@ def test_stage_runs_recorded_in_mlflow(project):
     assert "role_swap.seed" in rs.data.params
     assert len(rs.data.tags["git_commit"]) == 40
     assert any(k.startswith("input_sha256.") for k in rs.data.tags)
+
+
+TRAIN_STAGES = ["tokenizer", "midtrain", "sft"]
+
+
+def test_full_repro_trains_through_sft(project):
+    """`dvc repro` continues past the data stages: tokenizer -> midtrain -> sft (real Prefect +
+    DeepSpeed + MLflow), then is a no-op."""
+    env_out, _ = _repro(project)
+    ran = {s for s in TRAIN_STAGES if f"Running stage '{s}'" in env_out}
+    assert ran == set(TRAIN_STAGES), env_out[-3000:]
+    for phase in ("midtrain", "sft"):
+        m = json.loads((project / "metrics" / f"{phase}.json").read_text())
+        assert m["steps"] > 0 and m["final_val_loss"] < m["initial_val_loss"], m
+        assert (project / "models" / phase / "final" / "config.json").exists()
+    out, dt = _repro(project)
+    assert "Running stage" not in out and dt <= 3.0, out

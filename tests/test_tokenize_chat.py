@@ -213,15 +213,27 @@ def test_tokenizer_without_offsets_gives_the_same_result(tok, llama):
         assert tokenize_many(_NoOffsets(t), [msgs, MSGS]) == tokenize_many(t, [msgs, MSGS])
 
 
-def _bundled():
-    paths = [ROOT / "data/processed/role_swap.parquet", ROOT / "data/processed/thoughttrace.parquet"]
-    if not all(p.is_file() for p in paths):
-        pytest.skip("data/processed/*.parquet not built (run `dvc repro role_swap thoughttrace`)")
-    return [c for p in paths for c in pl.read_parquet(p, columns=["messages"])["messages"].to_list()]
+def _bundled(tmp):
+    """The bundled fixtures through the real role_swap and thoughttrace stages (no pipeline run needed)."""
+    from mimesis_lab.config import load_params
+    from stages.role_swap import run_role_swap
+    from stages.thoughttrace import run_thoughttrace
+
+    params = load_params(ROOT / "params.yaml")
+    rs = params.role_swap.model_copy(update={
+        "mixture": {str(ROOT / g): r for g, r in params.role_swap.mixture.items()},
+        "output": str(tmp / "rs.parquet")})
+    tt = params.thoughttrace.model_copy(update={
+        "input": str(ROOT / params.thoughttrace.input), "output": str(tmp / "tt.parquet")})
+    convs = []
+    for result, out in ((run_role_swap(rs), rs.output), (run_thoughttrace(tt), tt.output)):
+        convs += result.frame(out)["messages"].to_list()
+        result.close()
+    return convs
 
 
-def test_tokenize_many_equals_tokenize_chat_on_bundled_data():
-    convs = _bundled()
+def test_tokenize_many_equals_tokenize_chat_on_bundled_data(tmp_path):
+    convs = _bundled(tmp_path)
     tok = train_tokenizer([m["content"] for c in convs for m in c], vocab_size=1000, min_frequency=2)
     many = tokenize_many(tok, convs)
     assert many == [tokenize_chat(tok, c) for c in convs]

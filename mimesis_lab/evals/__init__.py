@@ -1,0 +1,1 @@
+"""Evaluation of simulators and agents (metrics are pure functions; I/O at the edges)."""
