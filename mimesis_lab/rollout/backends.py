@@ -1,0 +1,507 @@
+"""Generation backends: prompts in, :class:`Generation` records out.
+
+All backends share one contract (:class:`GenerationBackend`):
+
+- ``generate(prompts, params)`` takes chat prompts (lists of ``{"role", "content"}``
+  messages); local backends render them with the tokenizer's chat template and
+  ``add_generation_prompt=True``.
+- ``generate_ids(prompt_ids, params)`` takes already tokenised prompts.
+- One :class:`Generation` per prompt, in order. Failures are data: a prompt that could not
+  be generated gets ``finish_reason="error"`` and ``error`` set, never an exception that
+  kills the batch and never an empty "success".
+
+**Log-prob convention.** ``Generation.logprobs[t]`` is ``log softmax(logits_t)[token_t]``
+computed from the model's raw logits at temperature 1, without top-p truncation — i.e. the
+log-probability of the token under the *policy* ``pi_theta`` itself, not under the
+temperature-scaled / truncated sampling distribution. This is the quantity the trainer
+recomputes with a teacher-forced forward pass (PPO ``old_logp``, importance ratios), so the
+two agree up to numerics (tested to 1e-4), and it is what vLLM returns by default
+(``logprobs_mode="raw_logprobs"``). With ``temperature=1`` and ``top_p=1`` it is exactly the
+sampling log-prob.
+
+**Stop tokens.** ``SamplingParams.stop_token_ids=None`` means "the tokenizer's eos"
+(``<|im_end|>`` for the project tokenizer); ``[]`` disables stopping. A produced stop token
+is kept in ``token_ids``/``logprobs``/``text`` and gives ``finish_reason="stop"``; reaching
+``max_new_tokens`` first gives ``"length"``.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+__all__ = [
+    "BackendUnavailable",
+    "SamplingParams",
+    "Generation",
+    "GenerationBackend",
+    "TransformersBackend",
+    "OpenAIBackend",
+    "VLLMBackend",
+    "make_backend",
+]
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend whose runtime requirements (package, device) are missing."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy (``top_p``/``seed`` unused)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    """One prompt's generation.
+
+    ``token_ids`` are the generated ids (prompt excluded, stop token included if produced);
+    ``logprobs`` has one entry per generated token (see the module docstring for the
+    convention). ``text`` is the decoded generation with special tokens kept. Remote
+    backends may not know token ids (``token_ids == []``, see :class:`OpenAIBackend`).
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_reason != "error"
+
+    @classmethod
+    def failed(cls, error: str, prompt_ids: list[int] | None = None) -> "Generation":
+        return cls(prompt_ids=list(prompt_ids or []), token_ids=[], logprobs=[], text="",
+                   finish_reason="error", error=error)
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]: ...
+
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]: ...
+
+
+def _render_chat(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys") and "input_ids" in ids:  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def _stop_ids(params: SamplingParams, tokenizer) -> set[int]:
+    if params.stop_token_ids is not None:
+        return {int(t) for t in params.stop_token_ids}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class TransformersBackend:
+    """In-process generation with a Hugging Face causal LM.
+
+    Own decoding loop: prompts are left-padded into batches of ``batch_size``, the prompt is
+    prefilled once and every step feeds one token through the KV cache with explicit
+    ``position_ids`` (so padding does not shift positions: a batched greedy generation gives
+    the same ids as each prompt alone — tested). Sampling uses one ``torch.Generator`` per
+    prompt seeded with ``seed + index`` (index within the call), so results do not depend on
+    ``batch_size``. ``seed=None`` draws from the global torch RNG.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 8):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else 0)
+
+    # -- weights
+    def update_weights(self, state_dict: dict[str, torch.Tensor] | torch.nn.Module) -> None:
+        """Copy the policy's weights into the generation model (strict: every key must match)."""
+        if isinstance(state_dict, torch.nn.Module):
+            state_dict = state_dict.state_dict()
+        self.model.load_state_dict(state_dict, strict=True)
+
+    # -- API
+    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
+        rendered: list[list[int] | Generation] = []
+        for messages in prompts:
+            try:
+                rendered.append(_render_chat(self.tokenizer, messages))
+            except Exception as e:  # a bad prompt is data, not a crash of the batch
+                rendered.append(Generation.failed(f"chat template failed: {type(e).__name__}: {e}"))
+        ids = [r for r in rendered if not isinstance(r, Generation)]
+        gens = iter(self.generate_ids(ids, params))
+        return [r if isinstance(r, Generation) else next(gens) for r in rendered]
+
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+        out: list[Generation | None] = [None] * len(prompt_ids)
+        todo = []
+        for i, p in enumerate(prompt_ids):
+            if len(p) == 0:
+                out[i] = Generation.failed("empty prompt")
+            else:
+                todo.append(i)
+        stop = _stop_ids(params, self.tokenizer)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(todo), self.batch_size):
+                idx = todo[start:start + self.batch_size]
+                batch = [[int(t) for t in prompt_ids[i]] for i in idx]
+                try:
+                    results = self._generate_batch(batch, idx, params, stop)
+                except (RuntimeError, ValueError, IndexError) as e:
+                    results = [Generation.failed(f"{type(e).__name__}: {e}", b) for b in batch]
+                for i, g in zip(idx, results):
+                    out[i] = g
+        finally:
+            self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    # -- internals
+    @torch.inference_mode()
+    def _generate_batch(self, batch: list[list[int]], idx: list[int], params: SamplingParams,
+                        stop: set[int]) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        n, width = len(batch), max(len(b) for b in batch)
+        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=device)
+        attn = torch.zeros((n, width), dtype=torch.long, device=device)
+        for r, b in enumerate(batch):
+            input_ids[r, width - len(b):] = torch.tensor(b, dtype=torch.long, device=device)
+            attn[r, width - len(b):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        gens = None
+        if params.temperature > 0 and params.seed is not None:
+            gens = []
+            for i in idx:
+                g = torch.Generator(device=device)
+                g.manual_seed(int(params.seed) + i)
+                gens.append(g)
+
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        done = [False] * n
+        finish: list[FinishReason] = ["length"] * n
+        # transformers >= 5.2x names the KV cache ``cache`` (``past_key_values`` is deprecated)
+        cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        past = _cache_of(out)
+        logits = out.logits[:, -1, :].float()
+        next_pos = pos[:, -1:] + 1
+        for step in range(params.max_new_tokens):
+            logp = torch.log_softmax(logits, dim=-1)
+            nxt = self._choose(logits, params, gens)
+            for r in range(n):
+                if done[r]:
+                    continue
+                t = int(nxt[r])
+                tokens[r].append(t)
+                logps[r].append(float(logp[r, t]))
+                if t in stop:
+                    done[r], finish[r] = True, "stop"
+            if all(done) or step == params.max_new_tokens - 1:
+                break
+            feed = torch.tensor([self.pad_token_id if done[r] else tokens[r][-1] for r in range(n)],
+                                dtype=torch.long, device=device).unsqueeze(1)
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long, device=device)], dim=1)
+            out = self.model(input_ids=feed, attention_mask=attn, position_ids=next_pos,
+                             use_cache=True, **{cache_kw: past})
+            past = _cache_of(out)
+            logits = out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+
+        results = []
+        for r in range(n):
+            text = self.tokenizer.decode(tokens[r], skip_special_tokens=False)
+            results.append(Generation(prompt_ids=batch[r], token_ids=tokens[r], logprobs=logps[r],
+                                      text=text, finish_reason=finish[r]))
+        return results
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, params: SamplingParams, gens) -> torch.Tensor:
+        if params.temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sp, si = probs.sort(dim=-1, descending=True)
+            cum = sp.cumsum(dim=-1)
+            drop = (cum - sp) >= params.top_p  # keep the smallest prefix whose mass reaches top_p
+            sp = sp.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, si, sp)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        if gens is None:
+            return torch.multinomial(probs, 1).squeeze(-1)
+        return torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(gens)])
+
+
+# ----------------------------------------------------------------------------- OpenAI-compatible
+
+
+class _RequestFailed(Exception):
+    def __init__(self, msg: str, retry: bool):
+        super().__init__(msg)
+        self.retry = retry
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible server (``vllm serve``, OpenAI, …).
+
+    ``generate`` POSTs ``{base_url}/chat/completions`` with ``logprobs: true`` (one request per
+    prompt, up to ``max_concurrency`` in flight). ``generate_ids`` POSTs
+    ``{base_url}/completions`` with the token-id list as ``prompt`` (supported by OpenAI and
+    vLLM) and ``logprobs: 0``.
+
+    Token ids: chat servers return token *strings*, not ids, so ``token_ids`` is ``[]`` unless
+    every returned token has vLLM's ``"token_id:<n>"`` form (``return_tokens_as_token_ids``);
+    ``logprobs`` are filled when the server provides them, else ``[]``. ``prompt_ids`` is
+    ``[]`` for chat prompts (the server renders the template). A request that still fails
+    after ``max_retries`` retries (transport error, HTTP 429/5xx, malformed JSON, missing or
+    empty content) becomes ``Generation(finish_reason="error", error=...)``; other HTTP 4xx
+    are not retried. The API key is read from ``api_key_env`` if set (local servers need none).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY",
+                 timeout_s: float = 60, max_retries: int = 2, backoff_s: float = 0.5,
+                 max_concurrency: int = 8, client=None):
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_concurrency = max(1, max_concurrency)
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(api_key_env) if api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = client or httpx.Client(timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _body(self, params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": params.max_new_tokens,
+                                "temperature": params.temperature, "top_p": params.top_p}
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)  # vLLM extension; others ignore it
+        return body
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        last = "no attempt"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = self._client.post(f"{self.base_url}{path}", json=body)
+            except httpx.HTTPError as e:
+                last = f"transport error: {type(e).__name__}: {e}"
+                continue
+            if resp.status_code != 200:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code == 429 or resp.status_code >= 500:
+                    continue
+                break
+            try:
+                data = resp.json()
+            except (json.JSONDecodeError, ValueError) as e:
+                last = f"malformed JSON: {e}"
+                continue
+            if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+                last = "response has no choices"
+                continue
+            return data
+        raise _RequestFailed(f"request failed after {attempt + 1} attempt(s): {last}", retry=False)
+
+    @staticmethod
+    def _finish(reason: Any) -> FinishReason:
+        return "length" if reason == "length" else "stop"
+
+    @staticmethod
+    def _token_ids(tokens: list[Any]) -> list[int]:
+        ids = []
+        for t in tokens:
+            if not (isinstance(t, str) and t.startswith("token_id:") and t[9:].lstrip("-").isdigit()):
+                return []
+            ids.append(int(t[9:]))
+        return ids
+
+    def _chat_one(self, messages: list[dict], params: SamplingParams) -> Generation:
+        body = self._body(params) | {"messages": messages, "logprobs": True}
+        try:
+            data = self._post("/chat/completions", body)
+            choice = data["choices"][0]
+            content = (choice.get("message") or {}).get("content")
+            if not isinstance(content, str) or not content:
+                return Generation.failed("response has no message content")
+            entries = ((choice.get("logprobs") or {}).get("content")) or []
+            logprobs = [float(e["logprob"]) for e in entries]
+            ids = self._token_ids([e.get("token") for e in entries])
+            return Generation(prompt_ids=[], token_ids=ids, logprobs=logprobs, text=content,
+                              finish_reason=self._finish(choice.get("finish_reason")))
+        except _RequestFailed as e:
+            return Generation.failed(str(e))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            return Generation.failed(f"unexpected response shape: {type(e).__name__}: {e}")
+
+    def _completion_one(self, ids: list[int], params: SamplingParams) -> Generation:
+        body = self._body(params) | {"prompt": list(ids), "logprobs": 0}
+        try:
+            data = self._post("/completions", body)
+            choice = data["choices"][0]
+            text = choice.get("text")
+            if not isinstance(text, str) or not text:
+                return Generation.failed("response has no text", ids)
+            lp = choice.get("logprobs") or {}
+            logprobs = [float(x) for x in (lp.get("token_logprobs") or []) if x is not None]
+            tok_ids = self._token_ids(lp.get("tokens") or [])
+            return Generation(prompt_ids=list(ids), token_ids=tok_ids, logprobs=logprobs, text=text,
+                              finish_reason=self._finish(choice.get("finish_reason")))
+        except _RequestFailed as e:
+            return Generation.failed(str(e), ids)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            return Generation.failed(f"unexpected response shape: {type(e).__name__}: {e}", ids)
+
+    def _map(self, fn, items, params) -> list[Generation]:
+        if len(items) <= 1 or self.max_concurrency == 1:
+            return [fn(x, params) for x in items]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(items))) as pool:
+            return list(pool.map(lambda x: fn(x, params), items))
+
+    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
+        return self._map(self._chat_one, prompts, params)
+
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+        return self._map(self._completion_one, prompt_ids, params)
+
+
+# ----------------------------------------------------------------------------- vLLM
+
+
+class VLLMBackend:
+    """In-process vLLM (paper profile). ``vllm`` is imported here, never at module import.
+
+    Raises :class:`BackendUnavailable` when vllm is not installed or CUDA is unavailable.
+    Log-probs are vLLM's sampled-token log-probs (``logprobs=0``), which vLLM computes from
+    the raw logits by default — the same convention as :class:`TransformersBackend`.
+    """
+
+    def __init__(self, model_path: str, tokenizer=None, gpu_memory_utilization: float = 0.5,
+                 dtype: str = "auto", seed: int = 0, **llm_kwargs):
+        try:
+            import vllm  # noqa: F401
+        except Exception as e:  # ImportError, or a broken install
+            raise BackendUnavailable(
+                f"the vllm backend needs the 'vllm' package (pip install '.[gpu]'): {type(e).__name__}: {e}"
+            ) from e
+        if not torch.cuda.is_available():
+            raise BackendUnavailable("the vllm backend needs a CUDA device; none is available "
+                                     "(use the transformers backend on CPU)")
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=str(model_path), dtype=dtype, seed=seed,
+                            gpu_memory_utilization=gpu_memory_utilization, **llm_kwargs)
+        self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+
+    def _sampling(self, params: SamplingParams):
+        return self._vllm.SamplingParams(
+            max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+            seed=params.seed, stop_token_ids=sorted(_stop_ids(params, self.tokenizer)),
+            logprobs=0, skip_special_tokens=False, ignore_eos=params.stop_token_ids is not None,
+        )
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor] | torch.nn.Module) -> None:
+        """Load the policy's weights into the running engine (single-process engine only)."""
+        if isinstance(state_dict, torch.nn.Module):
+            state_dict = state_dict.state_dict()
+        weights = list(state_dict.items())
+        self.llm.apply_model(lambda m: m.load_weights(weights))
+        try:
+            self.llm.reset_prefix_cache()
+        except Exception:  # older vllm
+            pass
+
+    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
+        rendered: list[list[int] | Generation] = []
+        for messages in prompts:
+            try:
+                rendered.append(_render_chat(self.tokenizer, messages))
+            except Exception as e:
+                rendered.append(Generation.failed(f"chat template failed: {type(e).__name__}: {e}"))
+        ids = [r for r in rendered if not isinstance(r, Generation)]
+        gens = iter(self.generate_ids(ids, params))
+        return [r if isinstance(r, Generation) else next(gens) for r in rendered]
+
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not prompt_ids:
+            return []
+        prompts = [{"prompt_token_ids": [int(t) for t in p]} for p in prompt_ids]
+        try:
+            outs = self.llm.generate(prompts, self._sampling(params), use_tqdm=False)
+        except Exception as e:
+            return [Generation.failed(f"{type(e).__name__}: {e}", p) for p in prompt_ids]
+        res = []
+        for p, o in zip(prompt_ids, outs):
+            c = o.outputs[0]
+            ids = [int(t) for t in c.token_ids]
+            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])] if c.logprobs else []
+            res.append(Generation(prompt_ids=list(p), token_ids=ids, logprobs=lps,
+                                  text=self.tokenizer.decode(ids, skip_special_tokens=False),
+                                  finish_reason="length" if c.finish_reason == "length" else "stop"))
+        return res
+
+
+# ----------------------------------------------------------------------------- factory
+
+
+_BACKENDS = {"transformers": TransformersBackend, "openai": OpenAIBackend, "vllm": VLLMBackend}
+
+
+def make_backend(kind: str, **kw) -> GenerationBackend:
+    """Build a backend by name: ``transformers`` | ``openai`` | ``vllm`` (kwargs go to its ``__init__``)."""
+    try:
+        cls = _BACKENDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown generation backend {kind!r}; choose one of {sorted(_BACKENDS)}") from None
+    return cls(**kw)
