@@ -1,4 +1,4 @@
-"""Prefect flow ``simulator``: user-side mid-training, then ThoughtTrace SFT (SPEC §2.1–2.2).
+"""Prefect flow ``simulator``: user-side mid-training, ThoughtTrace SFT, simulator RL (SPEC §2.1–2.3).
 
 Orchestration only: each phase is a task that launches the shared DeepSpeed job
 (``mimesis_lab.train.launch``) as a subprocess, attached to its own MLflow child run
@@ -32,13 +32,16 @@ from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
 from mimesis_lab import tracking  # noqa: E402
-from mimesis_lab.config import Params, TrainParams, flatten, load_params  # noqa: E402
+from mimesis_lab.config import Params, SimRLParams, TrainParams, flatten, load_params  # noqa: E402
 
-PHASES = ("midtrain", "sft")
+PHASES = ("midtrain", "sft", "sim_rl")
+DEFAULT_PHASES = ("midtrain", "sft")   # `sim_rl` has its own flow and DVC stage (flows.sim_rl)
 REGISTERED_MODEL = "mimesis-simulator"
+SUMMARY_KEYS = ("initial_val_loss", "final_val_loss", "steps", "first_reward_raw_mean", "last_reward_raw_mean",
+                "first_reward_update_mean", "last_reward_update_mean", "invalid_total")
 
 
-def phase_params(params: Params, phase: str) -> TrainParams:
+def phase_params(params: Params, phase: str) -> TrainParams | SimRLParams:
     cfg = getattr(params, phase, None)
     if cfg is None:
         raise ValueError(f"params has no `{phase}` section")
@@ -94,8 +97,12 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
         c, _ = tracking.client(params.tracking)
         c.log_artifacts(run_id, str(final), "model")
         for k, v in summary.items():
-            if k.startswith("format_") and isinstance(v, (int, float)):
+            if (k.startswith(("format_", "first_", "last_")) or k.endswith("_total")) \
+                    and isinstance(v, (int, float)) and not isinstance(v, bool):
                 c.log_metric(run_id, k, float(v))
+        rollouts = Path(cfg.output_dir) / "rollouts.jsonl"
+        if phase == "sim_rl" and rollouts.is_file():
+            c.log_artifact(run_id, str(rollouts), "rollouts")
         version = tracking.register_model(params.tracking, run_id, "model", REGISTERED_MODEL, phase,
                                           description=f"{phase} final weights")
         c.set_terminated(run_id, "FINISHED")
@@ -106,22 +113,25 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     metrics_file.parent.mkdir(parents=True, exist_ok=True)
     metrics_file.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
     create_markdown_artifact(markdown=summary_markdown(phase, summary, url, version),
-                             key=f"{phase}-summary", description=f"{phase} final metrics")
+                             key=f"{phase.replace('_', '-')}-summary", description=f"{phase} final metrics")
     return summary
 
 
 @flow(name="simulator", log_prints=True)
-def simulator_flow(phases: list[str] = list(PHASES), params_path: str = "params.yaml",
-                   world_size: int | None = None) -> dict[str, Any]:
-    """Stage I training: ``midtrain`` -> ``sft`` (any subset, in this order)."""
+def simulator_flow(phases: list[str] = list(DEFAULT_PHASES), params_path: str = "params.yaml",
+                   world_size: int | None = None, flow_name: str = "simulator") -> dict[str, Any]:
+    """Stage I training: ``midtrain`` -> ``sft`` -> ``sim_rl`` (any subset, in this order).
+
+    ``flow_name`` names the MLflow parent run and the summary artifact (``flows.sim_rl`` passes
+    ``sim_rl``)."""
     unknown = [p for p in phases if p not in PHASES]
     if unknown:
         raise ValueError(f"unknown phase(s) {unknown}; expected a subset of {PHASES}")
     params = load_params(params_path)
     parent = None
     if params.tracking.enabled:
-        parent = tracking.create_run(params.tracking, "simulator", tags={
-            "mimesis.kind": "flow", "mimesis.phases": ",".join(phases), **tracking.provenance("simulator")})
+        parent = tracking.create_run(params.tracking, flow_name, tags={
+            "mimesis.kind": "flow", "mimesis.phases": ",".join(phases), **tracking.provenance(flow_name)})
     results: dict[str, Any] = {}
     try:
         for phase in [p for p in PHASES if p in phases]:
@@ -135,22 +145,22 @@ def simulator_flow(phases: list[str] = list(PHASES), params_path: str = "params.
     if parent:
         c, _ = tracking.client(params.tracking)
         for phase, s in results.items():
-            for k in ("final_val_loss", "initial_val_loss", "steps"):
+            for k in SUMMARY_KEYS:
                 if isinstance(s.get(k), (int, float)):
                     c.log_metric(parent, f"{phase}.{k}", float(s[k]))
         c.set_terminated(parent, "FINISHED")
         url = tracking.run_url(params.tracking, parent)
-        body = "\n".join(f"- **{p}**: " + ", ".join(f"{k}={s.get(k)}" for k in
-                                                    ("initial_val_loss", "final_val_loss", "steps"))
+        body = "\n".join(f"- **{p}**: " + ", ".join(f"{k}={s.get(k)}" for k in SUMMARY_KEYS if k in s)
                          for p, s in results.items())
-        create_markdown_artifact(markdown=f"# simulator flow\n\nMLflow parent run: [{url}]({url})\n\n{body}\n",
-                                 key="simulator-summary", description="Stage I training summary")
+        create_markdown_artifact(markdown=f"# {flow_name} flow\n\nMLflow parent run: [{url}]({url})\n\n{body}\n",
+                                 key=f"{flow_name.replace('_', '-')}-flow-summary" if flow_name != "simulator"
+                                 else "simulator-summary", description="Stage I training summary")
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="flows.simulator")
-    ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    ap.add_argument("--phases", nargs="+", default=list(DEFAULT_PHASES), choices=PHASES)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="override the phases' world_size")
     args = ap.parse_args(argv)

@@ -209,6 +209,83 @@ class TrainParams(Section):
     log_every: int = Field(1, gt=0, description="Log loss/lr/grad-norm/tokens-per-s every N steps.")
 
 
+class SimTaskParams(Section):
+    """One simulator task of the joint RL mixture (SPEC §2.3)."""
+
+    weight: float = Field(ge=0, description="Sampling weight p(d) (normalised over the tasks).")
+    data: str = Field(description="Split parquet the task rows are built from (behaviour tasks or ThoughtTrace).")
+    turn_budget: int | None = Field(None, gt=0, description="Simulator turns per episode (null: the row's/task's own).")
+    max_rows: int | None = Field(None, gt=0, description="Use at most this many task rows (null: all).")
+
+
+class RolloutParams(Section):
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Generation backend of the policy (vllm: GPU only, refreshed every step).")
+    batch_size: int = Field(16, ge=1, description="Prompts per generation call (transformers backend).")
+    max_new_tokens: int = Field(64, ge=1, description="Tokens generated per simulator turn.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (log-probs are always at T=1).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_prompt_tokens: int = Field(1536, gt=8, description="A longer simulator prompt ends the episode as "
+                                   "invalid `context_overflow`.")
+    gpu_memory_utilization: float = Field(0.4, gt=0, lt=1, description="vLLM only.")
+
+
+class JudgeParams(Section):
+    kind: Literal["rule", "openai"] = Field("rule", description="`rule`: deterministic offline judge; "
+                                            "`openai`: LLM judge with strict JSON verdicts.")
+    openai: OpenAIEndpoint = Field(default_factory=lambda: OpenAIEndpoint(model="judge"),
+                                   description="Endpoint of the `openai` judge.")
+
+
+class SimRLParams(Section):
+    """Joint multi-domain simulator RL with FoldGRPO (SPEC §2.3–2.4, §6)."""
+
+    init_from: str = Field(description="Hugging Face folder of the starting policy (the SFT model).")
+    tasks: dict[str, SimTaskParams] = Field(description="data_source -> task settings; sampled by weight.")
+    kb: str = Field("data/raw/abcd/kb.json", description="ABCD kb.json for the scripted support agent.")
+    guidelines: str = Field("data/raw/abcd/guidelines.json", description="ABCD guidelines.json.")
+    judge: JudgeParams = Field(default_factory=JudgeParams, description="Behaviour judge.")
+    rollout: RolloutParams = Field(default_factory=RolloutParams, description="Rollout generation.")
+    require_think: bool = Field(True, description="Thinking on: a reply without `<think>…</think>utterance` is a "
+                                "format failure (update reward 0, raw score still logged).")
+    invalid_policy: Literal["exclude", "zero"] = Field(
+        "exclude", description="`exclude`: invalid rollouts leave the group statistics (counted per reason); "
+        "`zero`: the reference behaviour, an invalid rollout scores 0 and stays in the group.")
+    deepspeed_config: str = Field(description="DeepSpeed JSON for the policy update.")
+    steps: int = Field(gt=0, description="RL steps (one rollout batch + its updates each).")
+    prompts_per_step: int = Field(gt=0, description="Task rows sampled per step (groups).")
+    rollouts_per_prompt: int = Field(ge=2, description="Rollouts per task row (group size).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch's segments split evenly).")
+    micro_rows: int = Field(8, ge=1, description="Segments per forward/backward (gradient accumulation inside a "
+                            "minibatch).")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
+    adv_eps: float = Field(1e-6, gt=0, description="FoldGRPO epsilon in (r - mean)/(std + eps).")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of steps with linear warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
+    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    resume: str = Field("auto", description="`auto`, `never` or a checkpoint path (as for the SFT jobs).")
+    world_size: int = Field(1, ge=1, description="Processes launched; each rolls out its share of the groups.")
+    launcher: Literal["deepspeed", "torchrun"] = Field("deepspeed", description="Launcher used for the job.")
+    seed: int = Field(1234, description="Task sampling, rollout sampling and update seed.")
+    output_dir: str = Field("models/sim_rl", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
+    log_every: int = Field(1, gt=0, description="Log every N steps.")
+    save_rollouts: bool = Field(True, description="Write every episode (public/private log, score, validity) to "
+                                "output_dir/rollouts.jsonl.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _some_weight(cls, v: dict[str, SimTaskParams]) -> dict[str, SimTaskParams]:
+        if not v or sum(t.weight for t in v.values()) <= 0:
+            raise ValueError("sim_rl.tasks needs at least one task with a positive weight")
+        return v
+
+
 class Params(Section):
     """The whole ``params.yaml``."""
 
@@ -221,6 +298,7 @@ class Params(Section):
     model: ModelParams = Field(default_factory=ModelParams, description="Simulator model architecture/checkpoint.")
     midtrain: TrainParams | None = Field(None, description="User-side mid-training (role-swapped chats).")
     sft: TrainParams | None = Field(None, description="ThoughtTrace SFT (reasoning + utterance).")
+    sim_rl: SimRLParams | None = Field(None, description="Joint multi-domain simulator RL (FoldGRPO).")
     validate_: ValidateParams = Field(
         default_factory=ValidateParams, alias="validate", description="great-expectations validation."
     )

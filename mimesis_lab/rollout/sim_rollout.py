@@ -1,0 +1,214 @@
+"""Batched simulator rollouts over many episodes of many tasks (SPEC §2.3, §6).
+
+:func:`run_episodes` drives a list of :class:`~mimesis_lab.envs.base.SimEpisode` in lock
+step: at every round the prompts of all unfinished episodes are rendered with the policy's
+chat template and generated in **one** backend call (batched, KV cache), then each reply
+goes back to its episode. One simulator turn = one *segment*: the exact prompt ids, the
+sampled token ids and their log-probs under the rollout policy (``old_logp`` of the PPO
+update) — the response mask is 1 on exactly these generated tokens; partner text only ever
+appears in later prompts (mask 0). Segments of one rollout share its ``rollout_id``, so
+FoldGRPO can count the rollout once (:func:`mimesis_lab.rl.advantages.fold_grpo`).
+
+What is not a task's business is decided here, and recorded, never hidden:
+
+- a generation error → invalid ``generation_error`` (``timeout`` when the backend says so);
+- a prompt longer than ``max_prompt_tokens`` → invalid ``context_overflow``;
+- nothing public to show the partner → invalid ``empty_reply``;
+- a refusal to play the user (``"As an AI language model…"``) → invalid ``refusal``;
+- a reply outside ``<think>…</think>utterance`` (thinking on) → a *format failure*: the
+  episode continues on the public text, the rollout's update reward becomes 0 and its raw
+  judged score is still logged (:func:`mimesis_lab.envs.output_format.update_reward`);
+- an exception inside the task or its partner → invalid ``env_error``;
+- a judge failure → invalid with the judge's reason (``judge_failure`` / ``timeout``).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from mimesis_lab.envs.base import SimEpisode, TaskScore
+from mimesis_lab.envs.output_format import ParsedReply, parse_reply, public_text
+from mimesis_lab.rollout.backends import Generation, SamplingParams
+
+__all__ = ["Segment", "Rollout", "is_refusal", "run_episodes", "score_rollouts", "render_prompt"]
+
+_REFUSAL = re.compile(
+    r"\b(as an ai( language model)?|i am an ai|i'm an ai|i (cannot|can't|won't) (role-?play|pretend|play the "
+    r"(role|user))|i'?m sorry,? but i (cannot|can't) (help|assist|comply|continue))\b", re.IGNORECASE)
+
+
+def is_refusal(text: str) -> bool:
+    """The simulator declines to act as the user (a refusal is *invalid*, not a low score)."""
+    return bool(_REFUSAL.search(text or ""))
+
+
+@dataclass
+class Segment:
+    """One simulator turn: exact prompt ids + generated ids (mask 1) + their rollout log-probs."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    format_ok: bool
+    format_error: str | None = None
+
+
+@dataclass
+class Rollout:
+    """One episode's record: segments, logs, validity, raw score and update reward."""
+
+    group_id: str
+    rollout_id: str
+    data_source: str
+    task_id: str
+    segments: list[Segment] = field(default_factory=list)
+    public_log: list[dict[str, str]] = field(default_factory=list)
+    private_log: list[dict[str, str]] = field(default_factory=list)
+    invalid: str | None = None
+    invalid_detail: str | None = None
+    score: TaskScore | None = None
+    wall_s: float = 0.0
+
+    @property
+    def format_failures(self) -> int:
+        return sum(not s.format_ok for s in self.segments)
+
+    @property
+    def raw(self) -> float | None:
+        return None if self.score is None or self.score.raw is None else float(self.score.raw)
+
+    @property
+    def update_reward(self) -> float | None:
+        """Training reward: the raw score, 0 after any format failure, ``None`` when invalid."""
+        if self.invalid is not None or self.raw is None:
+            return None
+        return 0.0 if self.format_failures else self.raw
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id, "rollout_id": self.rollout_id, "data_source": self.data_source,
+            "task_id": self.task_id, "invalid": self.invalid, "invalid_detail": self.invalid_detail,
+            "raw": self.raw, "update_reward": self.update_reward, "format_failures": self.format_failures,
+            "format_errors": [s.format_error for s in self.segments if s.format_error],
+            "n_segments": len(self.segments), "response_tokens": self.response_tokens,
+            "components": dict(self.score.components) if self.score else {},
+            "labels": dict(self.score.labels) if self.score else {},
+            "public_log": self.public_log, "private_log": self.private_log, "wall_s": round(self.wall_s, 4),
+        }
+
+
+def render_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The policy's view of ``messages`` with the generation prompt (the ids the segment starts with)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys") and "input_ids" in ids:
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def _set_invalid(r: Rollout, reason: str, detail: str | None) -> None:
+    if r.invalid is None:
+        r.invalid, r.invalid_detail = reason, detail
+
+
+def _gen_invalid(g: Generation) -> tuple[str, str]:
+    err = g.error or "generation failed"
+    return ("timeout" if "timeout" in err.lower() or "timed out" in err.lower() else "generation_error"), err
+
+
+def run_episodes(
+    episodes: Sequence[SimEpisode],
+    ids: Sequence[tuple[str, str]],
+    backend: Any,
+    tokenizer: Any,
+    sampling: SamplingParams,
+    *,
+    require_think: bool = True,
+    max_prompt_tokens: int = 1536,
+    max_rounds: int = 64,
+) -> list[Rollout]:
+    """Roll out ``episodes`` (``ids[i] = (group_id, rollout_id)``) with one batched call per round.
+
+    ``sampling.seed`` (if set) is advanced per round so that rounds draw different noise while
+    the whole batch stays reproducible. Returns one :class:`Rollout` per episode, in order, with
+    ``score`` still unset (see :func:`score_rollouts`).
+    """
+    if len(ids) != len(episodes):
+        raise ValueError(f"{len(episodes)} episodes but {len(ids)} ids")
+    t0 = time.perf_counter()
+    out = [Rollout(g, r, type(e).data_source, e.task_id) for e, (g, r) in zip(episodes, ids)]
+    active = [i for i, e in enumerate(episodes) if not e.done]
+    for rnd in range(max_rounds):
+        if not active:
+            break
+        prompts: list[list[int]] = []
+        live: list[int] = []
+        for i in active:
+            try:
+                p = render_prompt(tokenizer, episodes[i].messages())
+            except Exception as e:  # a task that cannot build its prompt is an env failure
+                _set_invalid(out[i], "env_error", f"prompt: {type(e).__name__}: {e}")
+                continue
+            if len(p) > max_prompt_tokens:
+                _set_invalid(out[i], "context_overflow", f"prompt of {len(p)} tokens > max_prompt_tokens "
+                             f"{max_prompt_tokens} at simulator turn {episodes[i].n_sim_turns + 1}")
+                continue
+            prompts.append(p)
+            live.append(i)
+        params = sampling if sampling.seed is None else SamplingParams(
+            max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            seed=sampling.seed + 7919 * rnd, stop_token_ids=sampling.stop_token_ids)
+        gens = backend.generate_ids(prompts, params) if prompts else []
+        still: list[int] = []
+        for i, g in zip(live, gens):
+            r, ep = out[i], episodes[i]
+            if not g.ok:
+                _set_invalid(r, *_gen_invalid(g))
+                continue
+            # a reply cut at max_new_tokens is judged on what it says (finish_reason "length" is logged as
+            # the truncation rate); cut inside the think block it fails the format check anyway
+            parsed: ParsedReply = parse_reply(g.text, require_think=require_think)
+            public = parsed.utterance if parsed.ok else public_text(g.text)
+            r.segments.append(Segment(list(g.prompt_ids), list(g.token_ids), list(g.logprobs), g.finish_reason,
+                                      parsed.ok, parsed.error))
+            if not public.strip():
+                _set_invalid(r, "empty_reply", f"simulator turn {ep.n_sim_turns + 1}: {parsed.error or 'empty'}")
+                continue
+            if is_refusal(public):
+                _set_invalid(r, "refusal", f"simulator turn {ep.n_sim_turns + 1}: {public[:120]!r}")
+                continue
+            try:
+                done = ep.observe(parsed, public)
+            except Exception as e:
+                _set_invalid(r, "env_error", f"observe: {type(e).__name__}: {e}")
+                continue
+            if not done:
+                still.append(i)
+        active = still
+    for i in active:  # the round cap is a protocol bug guard, not a silent truncation
+        _set_invalid(out[i], "env_error", f"episode did not finish within {max_rounds} rounds")
+    wall = time.perf_counter() - t0
+    for r, e in zip(out, episodes):
+        r.public_log, r.private_log = list(e.public_log), list(e.private_log)
+        r.wall_s = wall / max(len(out), 1)
+    return out
+
+
+def score_rollouts(rollouts: Sequence[Rollout], episodes: Sequence[SimEpisode], judge: Any) -> None:
+    """Judge every valid finished rollout in place; judge failures make it invalid with their reason."""
+    for r, ep in zip(rollouts, episodes):
+        if r.invalid is not None:
+            continue
+        try:
+            s = ep.score(judge)
+        except Exception as e:
+            s = TaskScore.failed("env_error", f"score: {type(e).__name__}: {e}")
+        r.score = s
+        if s.invalid is not None:
+            _set_invalid(r, s.invalid, s.detail)
