@@ -38,7 +38,7 @@ PHASES = ("midtrain", "sft", "sim_rl")
 DEFAULT_PHASES = ("midtrain", "sft")   # `sim_rl` has its own flow and DVC stage (flows.sim_rl)
 REGISTERED_MODEL = "mimesis-simulator"
 SUMMARY_KEYS = ("initial_val_loss", "final_val_loss", "steps", "first_reward_raw_mean", "last_reward_raw_mean",
-                "first_reward_update_mean", "last_reward_update_mean", "invalid_total")
+                "first_reward_update_mean", "last_reward_update_mean", "invalid_rollouts_total")
 
 
 def phase_params(params: Params, phase: str) -> TrainParams | SimRLParams:

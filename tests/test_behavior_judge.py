@@ -9,8 +9,9 @@ import pytest
 from mimesis_lab.config import OpenAIEndpoint
 from mimesis_lab.envs.behavior import behavior_reward
 from mimesis_lab.judges.behavior_judge import (
-    BehaviorJudgeRequest, JudgeFailure, OpenAIJudge, RuleJudge, Verdict, make_judge, rule_check, validate_verdict,
+    BehaviorJudgeRequest, JudgeFailure, RuleJudge, Verdict, make_judge, rule_check,
 )
+from mimesis_lab.judges.openai_judge import OpenAIJudge, validate_verdict
 
 SC = {
     "personal": {"customer_name": "maria gonzalez", "email": "mgonzalez162@email.com", "member_level": "bronze",

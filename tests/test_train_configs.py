@@ -14,12 +14,14 @@ from mimesis_lab.train.loop import TrainConfigError, load_ds_config
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny" / "ds_zero2.json"
 PAPER = ROOT / "configs" / "paper"
-DS_FILES = [TINY, PAPER / "ds_midtrain.json", PAPER / "ds_sft.json"]
+TINY_RL = ROOT / "configs" / "tiny" / "ds_rl.json"
+DS_FILES = [TINY, TINY_RL, PAPER / "ds_midtrain.json", PAPER / "ds_sft.json", PAPER / "ds_sim_rl.json"]
 # top-level keys we allow ourselves (DeepSpeed silently ignores unknown top-level keys: a typo
 # such as "gradient_cliping" would otherwise pass its parser)
 KNOWN_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
               "gradient_clipping", "fp16", "bf16", "data_types", "zero_optimization",
-              "zero_allow_untested_optimizer", "steps_per_print", "wall_clock_breakdown"}
+              "zero_allow_untested_optimizer", "steps_per_print", "wall_clock_breakdown",
+              "managed_gradient_accumulation"}
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -86,6 +88,19 @@ def test_paper_profile_validates_with_the_paper_settings(paper_params):
     assert m.deepspeed_config == "configs/paper/ds_midtrain.json" and s.deepspeed_config == "configs/paper/ds_sft.json"
     for phase in (m, s):
         assert (ROOT / phase.deepspeed_config).is_file()
+    r = p.sim_rl                                   # SPEC §2.3: 500 steps, 64 x 8 rollouts, lr 8e-6, vLLM
+    assert (r.steps, r.prompts_per_step, r.rollouts_per_prompt, r.lr, r.world_size) == (500, 64, 8, 8e-6, 16)
+    assert r.rollout.backend == "vllm" and r.require_think and r.judge.kind == "openai"
+    assert r.prompts_per_step % r.world_size == 0   # whole groups per rank
+    rl = _ds(ROOT / r.deepspeed_config)
+    assert rl.zero_optimization_stage == 3 and rl.bfloat16_config.enabled
+    assert load_ds_config(ROOT / r.deepspeed_config)["managed_gradient_accumulation"] is False
+
+
+def test_rl_configs_own_the_accumulation_boundary():
+    for path in (TINY_RL, PAPER / "ds_sim_rl.json"):
+        assert load_ds_config(path)["managed_gradient_accumulation"] is False
+    assert load_params(ROOT / "params.yaml").sim_rl.deepspeed_config == "configs/tiny/ds_rl.json"
 
 
 def test_paper_profile_only_overrides_existing_keys():

@@ -2,20 +2,23 @@
 
 - :mod:`.abcd_agent` — :class:`ABCDSupportAgent`, the deterministic kb/guideline-driven ABCD
   support agent the simulator talks to in the behaviour task.
-- :mod:`.behavior_judge` — the behaviour judges: :class:`RuleJudge` (offline default, graded
-  rules per behaviour), :class:`OpenAIJudge` (strict-JSON LLM judge with bounded retries),
-  :func:`make_judge`, and :func:`rule_check` (the independent check logged as ``rule_judge_gap``).
+- :mod:`.behavior_judge` — the behaviour-judge types (:class:`BehaviorJudgeRequest`, :class:`Verdict`,
+  :class:`JudgeFailure`), :class:`RuleJudge` (offline default, graded rules per behaviour),
+  :func:`make_judge` (either kind), and :func:`rule_check` (the independent check logged as
+  ``rule_judge_gap``).
+- :mod:`.openai_judge` — :class:`OpenAIJudge` (strict-JSON LLM judge with bounded retries),
+  :func:`validate_verdict`, :func:`judge_messages`, ``VERDICT_SCHEMA`` / ``RESPONSE_FORMAT``.
 """
 from mimesis_lab.judges.abcd_agent import ABCDSupportAgent
 from mimesis_lab.judges.behavior_judge import (
     BehaviorJudgeRequest,
     JudgeFailure,
-    OpenAIJudge,
     RuleJudge,
     Verdict,
     make_judge,
     rule_check,
 )
+from mimesis_lab.judges.openai_judge import OpenAIJudge
 
 __all__ = [
     "ABCDSupportAgent",

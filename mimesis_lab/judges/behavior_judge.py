@@ -1,4 +1,4 @@
-"""Behaviour judges of the ABCD behaviour task (SPEC §2.4): rule judge (offline default) and LLM judge.
+"""Behaviour judges of the ABCD behaviour task (SPEC §2.4): rule judge (offline default) and :func:`make_judge`.
 
 A judge reads one conversation (:class:`BehaviorJudgeRequest`: behaviour + kwargs, scenario, public
 log, and the private log with reasoning only when ``TAXONOMY[b].needs_trace``) and returns a
@@ -38,18 +38,15 @@ earlier turn. On-task: 0.4·[topic] + 0.4·[scenario facts given] + 0.2·(1 − 
 the user describes the behaviour ("I'll now act impatient", "as a difficult customer", "B9", a behaviour
 name) instead of enacting it. :func:`rule_check`: independent binary check (``rule_annotate`` finds the
 code; N: no code), logged as ``rule_judge_gap`` only.
+
+The LLM judge (:class:`OpenAIJudge`: strict-JSON verdicts, bounded retries) lives in :mod:`.openai_judge`, which
+imports this module; :func:`make_judge` builds either kind and imports :mod:`.openai_judge` lazily.
 """
 from __future__ import annotations
 
-import json
-import math
-import os
 import re
-import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from mimesis_lab.abcd_policy import scenario_value
 from mimesis_lab.behaviors import TAXONOMY, count_requests, rule_annotate
@@ -58,8 +55,11 @@ from mimesis_lab.judges.abcd_agent import (
     FIELD_ASK, FIELD_LABEL, RESOLVED_MARKER, stems, subflow_mentioned, topic_name, value_in_text,
 )
 
-__all__ = ["BehaviorJudgeRequest", "Verdict", "JudgeFailure", "RuleJudge", "OpenAIJudge", "make_judge",
-           "rule_check", "validate_verdict", "VERDICT_SCHEMA", "RESPONSE_FORMAT", "SCORE_KEYS"]
+if TYPE_CHECKING:
+    from mimesis_lab.judges.openai_judge import OpenAIJudge
+
+__all__ = ["BehaviorJudgeRequest", "Verdict", "JudgeFailure", "RuleJudge", "make_judge", "rule_check",
+           "SCORE_KEYS"]
 
 SCORE_KEYS = ("exhibit", "placement", "naturalness", "on_task")
 FAILURE_REASONS = ("judge_failure", "timeout")
@@ -534,150 +534,6 @@ def rule_check(req: BehaviorJudgeRequest) -> float:
     return float(codes == {"N"}) if req.behavior_id == "N" else float(req.behavior_id in codes)
 
 
-# --------------------------------------------------------------------------- LLM judge
-
-_NUM_PROP = {"type": "number", "description": "a score between 0 and 1"}
-VERDICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {**{k: dict(_NUM_PROP) for k in SCORE_KEYS}, "announced": {"type": "boolean"},
-                   "rationale": {"type": "string"}},
-    "required": [*SCORE_KEYS, "announced", "rationale"],
-    "additionalProperties": False,
-}
-RESPONSE_FORMAT: dict[str, Any] = {
-    "type": "json_schema", "json_schema": {"name": "behavior_verdict", "strict": True, "schema": VERDICT_SCHEMA}}
-RETRY_BACKOFF_S = 1.0
-
-
-def validate_verdict(obj: Any) -> Verdict:
-    """Schema check of a judge answer; ``ValueError`` naming the first problem."""
-    keys = set(VERDICT_SCHEMA["required"])
-    if not isinstance(obj, dict):
-        raise ValueError("answer must be a JSON object")
-    if set(obj) != keys:
-        extra, missing = sorted(set(obj) - keys), sorted(keys - set(obj))
-        raise ValueError(f"keys must be {sorted(keys)} (extra {extra}, missing {missing})")
-    for k in SCORE_KEYS:
-        v = obj[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
-            raise ValueError(f"{k} must be a number in [0, 1], got {v!r}")
-    if not isinstance(obj["announced"], bool):
-        raise ValueError(f"announced must be a boolean, got {obj['announced']!r}")
-    if not isinstance(obj["rationale"], str):
-        raise ValueError("rationale must be a string")
-    return Verdict(*(float(obj[k]) for k in SCORE_KEYS), obj["announced"], obj["rationale"])
-
-
-def judge_messages(req: BehaviorJudgeRequest) -> list[dict[str, str]]:
-    b = TAXONOMY[req.behavior_id]
-    target = ("N (neutral): the user should simply cooperate. `exhibit` is the user's cooperativeness (answers the "
-              "agent's questions with the scenario's facts, follows the steps, no difficult behaviour)."
-              if b.id == "N" else f"{b.id} {b.name}: the user {b.definition}.\nBehaviour parameters: "
-              f"{json.dumps(req.kwargs, ensure_ascii=False, sort_keys=True)}")
-    system = (
-        "You judge a simulated customer (the USER) talking to a customer-support agent (ABCD). The simulator was "
-        f"asked to enact one behaviour.\nTarget behaviour: {target}\n\nScore each in [0, 1]:\n"
-        "- exhibit: how clearly and fully the user enacts the target behaviour through what they say;\n"
-        "- placement: whether the behaviour appears at a fitting point of the dialogue (after the relevant agent "
-        "turn, when progress makes it meaningful, within the conversation);\n"
-        "- naturalness: sounds like a real customer (human length, not repetitive, no role confusion, no meta "
-        "talk);\n- on_task: consistent with the scenario's facts and support topic.\n"
-        "announced: true if the user *describes or names* the behaviour (e.g. 'I will now act impatient') "
-        "instead of enacting it.\nrationale: one or two sentences. Answer with the JSON object only.")
-    lines = []
-    priv = [str(t.get("reasoning") or "") for t in (req.private_log or [])]
-    k = 0
-    for i, t in enumerate(req.public_log):
-        role = "USER" if t.get("role") == "user" else "AGENT"
-        lines.append(f"[{i}] {role}: {t.get('content', '')}")
-        if role == "USER":
-            if req.private_log is not None and k < len(priv) and priv[k]:
-                lines.append(f"    (user's private reasoning: {priv[k]})")
-            k += 1
-    user = (f"Scenario ({req.flow} / {req.subflow}):\n{json.dumps(req.scenario, ensure_ascii=False, sort_keys=True)}"
-            "\n\nConversation:\n" + "\n".join(lines))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-class _Timeout(Exception):
-    pass
-
-
-class OpenAIJudge:
-    """LLM judge over ``{base_url}/chat/completions`` (strict JSON schema, bounded retries, never raises)."""
-
-    kind = "openai"
-
-    def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float | None = None):
-        self.endpoint = endpoint
-        self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
-        self.headers = {"Content-Type": "application/json"}
-        key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
-        if key:
-            self.headers["Authorization"] = f"Bearer {key}"
-        self._own_client = client is None
-        self.client = client or httpx.Client(timeout=endpoint.timeout_s)
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
-
-    def close(self) -> None:
-        if self._own_client:
-            self.client.close()
-
-    def request_body(self, req: BehaviorJudgeRequest) -> dict[str, Any]:
-        return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
-                "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
-
-    def _attempt(self, body: dict[str, Any]) -> Verdict:
-        try:
-            resp = self.client.post(self.url, json=body, headers=self.headers, timeout=self.endpoint.timeout_s)
-        except httpx.TimeoutException as e:
-            raise _Timeout(f"request timed out after {self.endpoint.timeout_s}s: {type(e).__name__}") from None
-        except httpx.HTTPError as e:
-            raise ValueError(f"request failed: {type(e).__name__}: {e}") from None
-        if resp.status_code >= 400:
-            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        try:
-            message = resp.json()["choices"][0]["message"]
-            content = message.get("content")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise ValueError("response is not a chat completion with choices[0].message") from None
-        if message.get("refusal"):
-            raise ValueError(f"model refused: {str(message['refusal'])[:200]}")
-        if not isinstance(content, str):
-            raise ValueError("choices[0].message.content is not a string")
-        try:
-            answer = json.loads(content)
-        except ValueError as e:
-            raise ValueError(f"answer is not valid JSON: {e}") from None
-        try:
-            return validate_verdict(answer)
-        except ValueError as e:
-            raise ValueError(f"schema: {e}") from None
-
-    def judge(self, req: BehaviorJudgeRequest) -> Verdict | JudgeFailure:
-        bad = _check(req)
-        if bad:
-            return JudgeFailure("judge_failure", bad)
-        body = self.request_body(req)
-        errors: list[tuple[str, str]] = []
-        for attempt in range(self.endpoint.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * attempt)
-            try:
-                v = self._attempt(body)
-            except _Timeout as e:
-                errors.append(("timeout", str(e)))
-                continue
-            except Exception as e:  # noqa: BLE001 — any bad answer is a failure, never an exception
-                errors.append(("judge_failure", str(e)))
-                continue
-            if req.behavior_id == "N":
-                v.extras["cooperativeness"] = v.exhibit
-            return v
-        reason, last = errors[-1]
-        return JudgeFailure(reason, f"failed after {len(errors)} attempt(s): {last}")
-
-
 def make_judge(kind: str, endpoint: OpenAIEndpoint | None = None) -> RuleJudge | OpenAIJudge:
     """``"rule"`` → :class:`RuleJudge`; ``"openai"`` → :class:`OpenAIJudge` (``endpoint`` required)."""
     if kind == "rule":
@@ -685,5 +541,6 @@ def make_judge(kind: str, endpoint: OpenAIEndpoint | None = None) -> RuleJudge |
     if kind == "openai":
         if endpoint is None:
             raise ValueError("the openai judge needs an endpoint")
+        from mimesis_lab.judges.openai_judge import OpenAIJudge  # lazy: openai_judge imports this module
         return OpenAIJudge(endpoint)
     raise ValueError(f"unknown judge kind {kind!r} (expected 'rule' or 'openai')")

@@ -48,7 +48,9 @@ from mimesis_lab.train.schedule import lr_at
 
 __all__ = ["sample_groups", "sim_rl_fingerprint", "run_sim_rl", "OPERATIONAL_KEYS"]
 
-OPERATIONAL_KEYS = ("resume", "save_every", "keep_last", "log_every", "launcher", "output_dir", "save_rollouts")
+# `steps` is operational: raising it continues a finished run (the lr schedule is constant by default)
+OPERATIONAL_KEYS = ("resume", "save_every", "keep_last", "log_every", "launcher", "output_dir", "save_rollouts",
+                    "steps")
 
 
 def sample_groups(task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[str, float], n: int,
@@ -180,7 +182,7 @@ def _summary(history: list[dict[str, float]], k: int = 3) -> dict[str, Any]:
         name = key.replace("/", "_")
         out[f"first_{name}"] = window(key, history[:k])
         out[f"last_{name}"] = window(key, history[-k:])
-    out["invalid_total"] = sum(r.get("invalid_total", 0.0) for r in history)
+    out["invalid_rollouts_total"] = sum(r.get("invalid_total", 0.0) for r in history)
     out["rollouts_total"] = sum(r.get("rollouts", 0.0) for r in history)
     return out
 

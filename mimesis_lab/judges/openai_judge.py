@@ -1,0 +1,167 @@
+"""LLM behaviour judge of the ABCD behaviour task (SPEC §2.4), split from :mod:`.behavior_judge`.
+
+:class:`OpenAIJudge` posts one :class:`~mimesis_lab.judges.behavior_judge.BehaviorJudgeRequest` to
+``{base_url}/chat/completions`` with :data:`RESPONSE_FORMAT` (strict JSON schema :data:`VERDICT_SCHEMA`),
+validates the answer with :func:`validate_verdict` and retries a bad answer or a timeout at most
+``endpoint.max_retries`` times (``k * backoff_s`` between tries). It never raises: the result is a
+:class:`~mimesis_lab.judges.behavior_judge.Verdict` or a
+:class:`~mimesis_lab.judges.behavior_judge.JudgeFailure` (``judge_failure`` | ``timeout``).
+:func:`judge_messages` builds the prompt (the user's private reasoning only when a private log is given).
+Build either judge kind with :func:`mimesis_lab.judges.behavior_judge.make_judge`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import httpx
+
+from mimesis_lab.behaviors import TAXONOMY
+from mimesis_lab.config import OpenAIEndpoint
+from mimesis_lab.judges.behavior_judge import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, _check
+
+__all__ = ["OpenAIJudge", "validate_verdict", "judge_messages", "VERDICT_SCHEMA", "RESPONSE_FORMAT"]
+
+_NUM_PROP = {"type": "number", "description": "a score between 0 and 1"}
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {**{k: dict(_NUM_PROP) for k in SCORE_KEYS}, "announced": {"type": "boolean"},
+                   "rationale": {"type": "string"}},
+    "required": [*SCORE_KEYS, "announced", "rationale"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT: dict[str, Any] = {
+    "type": "json_schema", "json_schema": {"name": "behavior_verdict", "strict": True, "schema": VERDICT_SCHEMA}}
+RETRY_BACKOFF_S = 1.0
+
+
+def validate_verdict(obj: Any) -> Verdict:
+    """Schema check of a judge answer; ``ValueError`` naming the first problem."""
+    keys = set(VERDICT_SCHEMA["required"])
+    if not isinstance(obj, dict):
+        raise ValueError("answer must be a JSON object")
+    if set(obj) != keys:
+        extra, missing = sorted(set(obj) - keys), sorted(keys - set(obj))
+        raise ValueError(f"keys must be {sorted(keys)} (extra {extra}, missing {missing})")
+    for k in SCORE_KEYS:
+        v = obj[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+            raise ValueError(f"{k} must be a number in [0, 1], got {v!r}")
+    if not isinstance(obj["announced"], bool):
+        raise ValueError(f"announced must be a boolean, got {obj['announced']!r}")
+    if not isinstance(obj["rationale"], str):
+        raise ValueError("rationale must be a string")
+    return Verdict(*(float(obj[k]) for k in SCORE_KEYS), obj["announced"], obj["rationale"])
+
+
+def judge_messages(req: BehaviorJudgeRequest) -> list[dict[str, str]]:
+    b = TAXONOMY[req.behavior_id]
+    target = ("N (neutral): the user should simply cooperate. `exhibit` is the user's cooperativeness (answers the "
+              "agent's questions with the scenario's facts, follows the steps, no difficult behaviour)."
+              if b.id == "N" else f"{b.id} {b.name}: the user {b.definition}.\nBehaviour parameters: "
+              f"{json.dumps(req.kwargs, ensure_ascii=False, sort_keys=True)}")
+    system = (
+        "You judge a simulated customer (the USER) talking to a customer-support agent (ABCD). The simulator was "
+        f"asked to enact one behaviour.\nTarget behaviour: {target}\n\nScore each in [0, 1]:\n"
+        "- exhibit: how clearly and fully the user enacts the target behaviour through what they say;\n"
+        "- placement: whether the behaviour appears at a fitting point of the dialogue (after the relevant agent "
+        "turn, when progress makes it meaningful, within the conversation);\n"
+        "- naturalness: sounds like a real customer (human length, not repetitive, no role confusion, no meta "
+        "talk);\n- on_task: consistent with the scenario's facts and support topic.\n"
+        "announced: true if the user *describes or names* the behaviour (e.g. 'I will now act impatient') "
+        "instead of enacting it.\nrationale: one or two sentences. Answer with the JSON object only.")
+    lines = []
+    priv = [str(t.get("reasoning") or "") for t in (req.private_log or [])]
+    k = 0
+    for i, t in enumerate(req.public_log):
+        role = "USER" if t.get("role") == "user" else "AGENT"
+        lines.append(f"[{i}] {role}: {t.get('content', '')}")
+        if role == "USER":
+            if req.private_log is not None and k < len(priv) and priv[k]:
+                lines.append(f"    (user's private reasoning: {priv[k]})")
+            k += 1
+    user = (f"Scenario ({req.flow} / {req.subflow}):\n{json.dumps(req.scenario, ensure_ascii=False, sort_keys=True)}"
+            "\n\nConversation:\n" + "\n".join(lines))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+class _Timeout(Exception):
+    pass
+
+
+class OpenAIJudge:
+    """LLM judge over ``{base_url}/chat/completions`` (strict JSON schema, bounded retries, never raises)."""
+
+    kind = "openai"
+
+    def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float | None = None):
+        self.endpoint = endpoint
+        self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
+        self.headers = {"Content-Type": "application/json"}
+        key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+        self._own_client = client is None
+        self.client = client or httpx.Client(timeout=endpoint.timeout_s)
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+
+    def close(self) -> None:
+        if self._own_client:
+            self.client.close()
+
+    def request_body(self, req: BehaviorJudgeRequest) -> dict[str, Any]:
+        return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
+                "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
+
+    def _attempt(self, body: dict[str, Any]) -> Verdict:
+        try:
+            resp = self.client.post(self.url, json=body, headers=self.headers, timeout=self.endpoint.timeout_s)
+        except httpx.TimeoutException as e:
+            raise _Timeout(f"request timed out after {self.endpoint.timeout_s}s: {type(e).__name__}") from None
+        except httpx.HTTPError as e:
+            raise ValueError(f"request failed: {type(e).__name__}: {e}") from None
+        if resp.status_code >= 400:
+            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            message = resp.json()["choices"][0]["message"]
+            content = message.get("content")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise ValueError("response is not a chat completion with choices[0].message") from None
+        if message.get("refusal"):
+            raise ValueError(f"model refused: {str(message['refusal'])[:200]}")
+        if not isinstance(content, str):
+            raise ValueError("choices[0].message.content is not a string")
+        try:
+            answer = json.loads(content)
+        except ValueError as e:
+            raise ValueError(f"answer is not valid JSON: {e}") from None
+        try:
+            return validate_verdict(answer)
+        except ValueError as e:
+            raise ValueError(f"schema: {e}") from None
+
+    def judge(self, req: BehaviorJudgeRequest) -> Verdict | JudgeFailure:
+        bad = _check(req)
+        if bad:
+            return JudgeFailure("judge_failure", bad)
+        body = self.request_body(req)
+        errors: list[tuple[str, str]] = []
+        for attempt in range(self.endpoint.max_retries + 1):
+            if attempt and self.backoff_s > 0:
+                time.sleep(self.backoff_s * attempt)
+            try:
+                v = self._attempt(body)
+            except _Timeout as e:
+                errors.append(("timeout", str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001 — any bad answer is a failure, never an exception
+                errors.append(("judge_failure", str(e)))
+                continue
+            if req.behavior_id == "N":
+                v.extras["cooperativeness"] = v.exhibit
+            return v
+        reason, last = errors[-1]
+        return JudgeFailure(reason, f"failed after {len(errors)} attempt(s): {last}")
