@@ -110,12 +110,12 @@ def test_stage_runs_recorded_in_mlflow(project):
     assert any(k.startswith("input_sha256.") for k in rs.data.tags)
 
 
-TRAIN_STAGES = ["tokenizer", "midtrain", "sft"]
+TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl"]
 
 
-def test_full_repro_trains_through_sft(project):
-    """`dvc repro` continues past the data stages: tokenizer -> midtrain -> sft (real Prefect +
-    DeepSpeed + MLflow), then is a no-op."""
+def test_full_repro_trains_through_sim_rl(project):
+    """`dvc repro` continues past the data stages: tokenizer -> midtrain -> sft -> sim_rl (real
+    Prefect + DeepSpeed + MLflow), then is a no-op."""
     env_out, _ = _repro(project)
     ran = {s for s in TRAIN_STAGES if f"Running stage '{s}'" in env_out}
     assert ran == set(TRAIN_STAGES), env_out[-3000:]
@@ -123,5 +123,9 @@ def test_full_repro_trains_through_sft(project):
         m = json.loads((project / "metrics" / f"{phase}.json").read_text())
         assert m["steps"] > 0 and m["final_val_loss"] < m["initial_val_loss"], m
         assert (project / "models" / phase / "final" / "config.json").exists()
+    rl = json.loads((project / "metrics" / "sim_rl.json").read_text())
+    assert rl["steps"] > 0 and rl["rollouts_total"] > 0 and rl["registered_version"]
+    assert set(rl["task_rows"]) == {"usersim_behavior", "usersim_next_turn", "usersim_persona", "usersim_tom"}
+    assert (project / "models" / "sim_rl" / "final" / "config.json").exists()
     out, dt = _repro(project)
     assert "Running stage" not in out and dt <= 3.0, out
