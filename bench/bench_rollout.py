@@ -1,11 +1,14 @@
 """Rollout throughput: batched lock-step episodes vs one episode at a time (tiny model, CPU).
 
-Same episodes (the simulator-RL task mixture of ``params.yaml``), same model, same sampling
-settings; the baseline runs each episode alone through the backend with ``batch_size=1``
-(what a per-episode rollout worker does), the batched run drives all episodes together
-(:func:`mimesis_lab.rollout.sim_rollout.run_episodes`, one generation call per round).
+The workload of one simulator-RL step: ``--groups`` task rows drawn from the task mixture of
+``params.yaml``, ``--rollouts`` episodes each (a GRPO group). Same episodes, same model, same
+sampling settings in both runs; the baseline runs each episode alone through the backend with
+``batch_size=1`` (what a per-episode rollout worker does), the batched run drives all episodes
+together (:func:`mimesis_lab.rollout.sim_rollout.run_episodes`: one generation call per round,
+prompts bucketed by length, a group's identical first-turn prompt prefilled once, finished rows
+leaving the batch).
 
-    python bench/bench_rollout.py [--episodes 64] [--batch-size 64] [--max-new-tokens 48]
+    python bench/bench_rollout.py [--groups 16] [--rollouts 4] [--batch-size 32] [--max-new-tokens 48]
 
 Prints episodes/s for both and their ratio, plus generated tokens/s. Uses ``sim_rl.init_from``
 (the SFT model) when it exists, otherwise a tiny model built from the ``model`` section and
@@ -49,11 +52,13 @@ def _model_and_tokenizer(params):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
-    ap.add_argument("--episodes", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--groups", type=int, default=16, help="task rows (prompts) per step")
+    ap.add_argument("--rollouts", type=int, default=4, help="episodes per task row (group size)")
+    ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed repetitions of both runs (medians reported)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -64,43 +69,51 @@ def main(argv=None) -> int:
     ctx = TaskContext(kb=load_kb(Path(cfg.kb)), guidelines=load_guidelines(Path(cfg.guidelines)),
                       options={ds: {k: v for k, v in t.model_dump().items() if v is not None}
                                for ds, t in cfg.tasks.items()})
-    groups = sample_groups(rows, {d: t.weight for d, t in cfg.tasks.items()}, args.episodes,
-                           random.Random(args.seed))
+    groups = [g for g in sample_groups(rows, {d: t.weight for d, t in cfg.tasks.items()}, args.groups,
+                                       random.Random(args.seed)) for _ in range(args.rollouts)]
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed)
 
     def episodes():
         return [make_episode(g, ctx, random.Random(f"{args.seed}:{i}")) for i, g in enumerate(groups)]
 
-    ids = [(f"g{i}", f"r{i}") for i in range(len(groups))]
+    ids = [(f"g{i // args.rollouts}", f"r{i}") for i in range(len(groups))]
     torch.manual_seed(args.seed)
     # warm-up (allocator, kernels)
     run_episodes(episodes()[:2], ids[:2], TransformersBackend(model, tok, batch_size=2), tok, sampling,
                  require_think=cfg.require_think, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
 
-    t0 = time.perf_counter()
-    batched = run_episodes(episodes(), ids, TransformersBackend(model, tok, batch_size=args.batch_size), tok,
-                           sampling, require_think=cfg.require_think, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
-    t_batched = time.perf_counter() - t0
+    import statistics
 
-    one = TransformersBackend(model, tok, batch_size=1)
-    t0 = time.perf_counter()
-    single = []
-    for i, ep in enumerate(episodes()):
-        single += run_episodes([ep], [ids[i]], one, tok, sampling, require_think=cfg.require_think,
+    t_b, t_s = [], []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        batched = run_episodes(episodes(), ids, TransformersBackend(model, tok, batch_size=args.batch_size), tok,
+                               sampling, require_think=cfg.require_think,
                                max_prompt_tokens=cfg.rollout.max_prompt_tokens)
-    t_single = time.perf_counter() - t0
+        t_b.append(time.perf_counter() - t0)
+        one = TransformersBackend(model, tok, batch_size=1)
+        t0 = time.perf_counter()
+        single = []
+        for i, ep in enumerate(episodes()):
+            single += run_episodes([ep], [ids[i]], one, tok, sampling, require_think=cfg.require_think,
+                                   max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+        t_s.append(time.perf_counter() - t0)
+    t_batched, t_single = statistics.median(t_b), statistics.median(t_s)
+    ratios = sorted(s / b for s, b in zip(t_s, t_b))
 
     def tokens(rs):
         return sum(r.response_tokens for r in rs)
 
     res = {
-        "model": source, "episodes": len(groups), "batch_size": args.batch_size,
+        "model": source, "groups": args.groups, "rollouts_per_group": args.rollouts, "episodes": len(groups),
+        "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
         "tasks": {d: sum(g.get("data_source") == d for g in groups) for d in rows},
         "batched_s": round(t_batched, 3), "one_at_a_time_s": round(t_single, 3),
         "batched_episodes_per_s": round(len(groups) / t_batched, 3),
         "one_at_a_time_episodes_per_s": round(len(groups) / t_single, 3),
         "speedup": round(t_single / t_batched, 2),
+        "speedup_per_repeat": [round(r, 2) for r in ratios],
         "batched_tokens_per_s": round(tokens(batched) / t_batched, 1),
         "one_at_a_time_tokens_per_s": round(tokens(single) / t_single, 1),
         "segments": [sum(len(r.segments) for r in batched), sum(len(r.segments) for r in single)],

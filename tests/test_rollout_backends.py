@@ -135,6 +135,30 @@ def test_seeded_sampling_reproducible(backend, tok):
     assert [g.token_ids for g in a] != [g.token_ids for g in other]
 
 
+def test_shared_prompts_and_early_finishers(backend, tok):
+    """A GRPO group's identical prompts share one prefill; rows that stop leave the batch: neither
+    changes any output (greedy ids equal generating each alone; sampled duplicates keep their own
+    seeds, so they differ)."""
+    chats = [CHATS[1], CHATS[1], CHATS[0], CHATS[1]]
+    greedy = backend.generate(chats, GREEDY)
+    alone = [backend.generate([c], GREEDY)[0] for c in chats]
+    assert [g.token_ids for g in greedy] == [a.token_ids for a in alone]
+    for g, a in zip(greedy, alone):
+        assert g.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    p = SamplingParams(max_new_tokens=10, temperature=1.0, seed=11, stop_token_ids=[])
+    sampled = backend.generate(chats, p)
+    one = TransformersBackend(backend.model, tok, batch_size=1).generate(chats, p)
+    assert [g.token_ids for g in sampled] == [g.token_ids for g in one]
+    assert len({tuple(g.token_ids) for g in (sampled[0], sampled[1], sampled[3])}) > 1
+    # a row that stops early (its 2nd token as stop) while the others continue to the length limit
+    stop_tok = greedy[2].token_ids[1]
+    mixed = backend.generate(chats, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[stop_tok]))
+    for g, a in zip(mixed, alone):
+        k = a.token_ids.index(stop_tok) + 1 if stop_tok in a.token_ids else len(a.token_ids)
+        assert g.token_ids == a.token_ids[:k]
+        assert g.finish_reason == ("stop" if stop_tok in a.token_ids else "length")
+
+
 def test_update_weights_and_empty_prompt(tok):
     b = TransformersBackend(_model(tok, seed=1), tok)
     target = _model(tok, seed=2)

@@ -152,6 +152,10 @@ class TransformersBackend:
         if pad is None:
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_token_id = int(pad if pad is not None else 0)
+        try:
+            self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):  # pragma: no cover
+            self._keeps_logits = False
 
     # -- weights
     def update_weights(self, state_dict: dict[str, torch.Tensor] | torch.nn.Module) -> None:
@@ -184,6 +188,9 @@ class TransformersBackend:
         was_training = self.model.training
         self.model.eval()
         try:
+            # similar lengths share a batch (less left padding); results go back by index and the
+            # per-prompt seeds use the original index, so the order does not change any output
+            todo.sort(key=lambda i: (len(prompt_ids[i]), tuple(prompt_ids[i])))   # duplicates adjacent
             for start in range(0, len(todo), self.batch_size):
                 idx = todo[start:start + self.batch_size]
                 batch = [[int(t) for t in prompt_ids[i]] for i in idx]
@@ -203,9 +210,19 @@ class TransformersBackend:
                         stop: set[int]) -> list[Generation]:
         device = next(self.model.parameters()).device
         n, width = len(batch), max(len(b) for b in batch)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=device)
-        attn = torch.zeros((n, width), dtype=torch.long, device=device)
-        for r, b in enumerate(batch):
+        # shared-prompt prefill: identical prompts (a GRPO group's first turn) are prefilled once and
+        # their KV cache rows copied, as prefix caching does in vLLM
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(b), len(first)) for b in batch]
+        uniq = [list(k) for k in first]
+        from transformers import DynamicCache
+
+        if not hasattr(DynamicCache, "batch_select_indices"):
+            uniq, src = batch, list(range(n))
+        m = len(uniq)
+        input_ids = torch.full((m, width), self.pad_token_id, dtype=torch.long, device=device)
+        attn = torch.zeros((m, width), dtype=torch.long, device=device)
+        for r, b in enumerate(uniq):
             input_ids[r, width - len(b):] = torch.tensor(b, dtype=torch.long, device=device)
             attn[r, width - len(b):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -223,28 +240,45 @@ class TransformersBackend:
         finish: list[FinishReason] = ["length"] * n
         # transformers >= 5.2x names the KV cache ``cache`` (``past_key_values`` is deprecated)
         cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        # logits only for the last position: the prompt's other logits are never used (and the
+        # [batch, prompt, vocab] projection would dominate the prefill)
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep)
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_pos = pos[:, -1:] + 1
+        if m < n:
+            expand = torch.tensor(src, dtype=torch.long, device=device)
+            past.batch_select_indices(expand)
+            logits, attn, next_pos = logits[expand], attn[expand], next_pos[expand]
+        alive = list(range(n))       # rows still generating; tensors below hold only these rows
+        prunable = hasattr(past, "batch_select_indices")
         for step in range(params.max_new_tokens):
             logp = torch.log_softmax(logits, dim=-1)
-            nxt = self._choose(logits, params, gens)
-            for r in range(n):
+            nxt = self._choose(logits, params, gens).tolist()
+            picked = logp.gather(-1, torch.tensor(nxt, device=logp.device).unsqueeze(-1)).squeeze(-1).tolist()
+            for j, r in enumerate(alive):
                 if done[r]:
                     continue
-                t = int(nxt[r])
-                tokens[r].append(t)
-                logps[r].append(float(logp[r, t]))
-                if t in stop:
+                tokens[r].append(nxt[j])
+                logps[r].append(picked[j])
+                if nxt[j] in stop:
                     done[r], finish[r] = True, "stop"
             if all(done) or step == params.max_new_tokens - 1:
                 break
-            feed = torch.tensor([self.pad_token_id if done[r] else tokens[r][-1] for r in range(n)],
+            if prunable and any(done[r] for r in alive):
+                # finished rows leave the batch (KV cache rows included): no compute on padding tails
+                keep_rows = [j for j, r in enumerate(alive) if not done[r]]
+                sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
+                past.batch_select_indices(sel)
+                attn, next_pos = attn[sel], next_pos[sel]
+                alive = [alive[j] for j in keep_rows]
+                gens = [gens[j] for j in keep_rows] if gens is not None else None
+            feed = torch.tensor([self.pad_token_id if done[r] else tokens[r][-1] for r in alive],
                                 dtype=torch.long, device=device).unsqueeze(1)
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long, device=device)], dim=1)
+            attn = torch.cat([attn, torch.ones((len(alive), 1), dtype=torch.long, device=device)], dim=1)
             out = self.model(input_ids=feed, attention_mask=attn, position_ids=next_pos,
-                             use_cache=True, **{cache_kw: past})
+                             use_cache=True, **{cache_kw: past}, **keep)
             past = _cache_of(out)
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
@@ -270,7 +304,13 @@ class TransformersBackend:
             probs = probs / probs.sum(dim=-1, keepdim=True)
         if gens is None:
             return torch.multinomial(probs, 1).squeeze(-1)
-        return torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(gens)])
+        # inverse-CDF sampling, one uniform per row from the row's own generator: the draw of a row
+        # does not depend on the other rows (batch-invariant) and the vocabulary-sized work is
+        # batched (multinomial with a generator per row was the sampling bottleneck)
+        u = torch.cat([torch.rand(1, generator=g, device=probs.device, dtype=torch.float64) for g in gens])
+        cdf = probs.double().cumsum(dim=-1)
+        idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+        return idx.clamp_(max=probs.shape[-1] - 1)
 
 
 # ----------------------------------------------------------------------------- OpenAI-compatible
