@@ -48,9 +48,10 @@ def phase_params(params: Params, phase: str) -> TrainParams | SimRLParams:
     return cfg
 
 
-def summary_markdown(phase: str, summary: dict[str, Any], url: str, version: str | None) -> str:
+def summary_markdown(phase: str, summary: dict[str, Any], url: str, version: str | None,
+                     model_name: str = REGISTERED_MODEL) -> str:
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, (dict, list)))
-    reg = f"\nRegistered: `{REGISTERED_MODEL}` version {version} (alias `{phase}`)\n" if version else ""
+    reg = f"\nRegistered: `{model_name}` version {version} (alias `{phase}`)\n" if version else ""
     return f"# {phase}\n\nMLflow run: [{url}]({url})\n{reg}\n| metric | value |\n|---|---|\n{rows}\n"
 
 
@@ -103,7 +104,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
         rollouts = Path(cfg.output_dir) / "rollouts.jsonl"
         if phase == "sim_rl" and rollouts.is_file():
             c.log_artifact(run_id, str(rollouts), "rollouts")
-        version = tracking.register_model(params.tracking, run_id, "model", REGISTERED_MODEL, phase,
+        version = tracking.register_model(params.tracking, run_id, "model", params.tracking.simulator_model, phase,
                                           description=f"{phase} final weights")
         c.set_terminated(run_id, "FINISHED")
         url = tracking.run_url(params.tracking, run_id)
@@ -112,7 +113,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     metrics_file = Path("metrics") / f"{phase}.json"
     metrics_file.parent.mkdir(parents=True, exist_ok=True)
     metrics_file.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
-    create_markdown_artifact(markdown=summary_markdown(phase, summary, url, version),
+    create_markdown_artifact(markdown=summary_markdown(phase, summary, url, version, params.tracking.simulator_model),
                              key=f"{phase.replace('_', '-')}-summary", description=f"{phase} final metrics")
     return summary
 

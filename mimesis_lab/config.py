@@ -36,6 +36,8 @@ class TrackingParams(Section):
         "mlflow/artifacts", description="Artifact root for newly created experiments (relative to project root)."
     )
     experiment: str = Field("mimesis", description="MLflow experiment that every run of this pipeline is logged to.")
+    simulator_model: str = Field("mimesis-simulator", description="Registered-model name of the simulator "
+                                 "checkpoints (one version per phase run, the phase as alias).")
 
 
 class RoleSwapParams(Section):

@@ -73,7 +73,8 @@ def build(out: Path, *, steps: int = 40, tracking_uri: str | None = None, experi
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tracking"].update(tracking_uri=tracking_uri or f"sqlite:///{out / 'mlflow.db'}",
-                              artifact_location=str(out / "mlflow-artifacts"), experiment=experiment)
+                              artifact_location=str(out / "mlflow-artifacts"), experiment=experiment,
+                              simulator_model="mimesis-simulator-signal")
     params["sim_rl"].update(
         init_from=str(out / "init"),
         tasks={"usersim_behavior": {"weight": 1.0, "data": str(out / "b9_tasks.parquet"), "turn_budget": 1}},

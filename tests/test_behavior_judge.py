@@ -265,3 +265,19 @@ def test_make_judge():
         make_judge("openai")
     with pytest.raises(ValueError):
         make_judge("llm")
+
+
+def test_symbol_spam_is_not_natural():
+    """Reward hacking seen in a real run: a policy maximising B9 cues emitted '!' spam; the rule
+    judge's naturalness now scales with the share of word-like tokens."""
+    from mimesis_lab.judges.behavior_judge import wordlike_share
+
+    assert wordlike_share("I need this now!! hurry up, my flight is at 5:30.") == 1.0
+    assert wordlike_share("Sure: mgonzalez162, mgonzalez162@email.com, order 1881902874.") == 1.0
+    assert wordlike_share("!!!! !!!") == 0.0
+    assert wordlike_share("!\ufffd! 45!\ufffd!!!!ima\ufffd") < 0.2
+    j = RuleJudge()
+    spam = j.judge(req("B9", log("!!!! now!!!! !!!! !!!!"), kwargs={"pressure": "is about to board a flight"}))
+    real = j.judge(req("B9", log("I need this fixed now, hurry, my flight boards in ten minutes!"),
+                       kwargs={"pressure": "is about to board a flight"}))
+    assert spam.naturalness < 0.3 < real.naturalness

@@ -64,7 +64,7 @@ def test_behavior_reward_rises_and_is_in_mlflow(signal_run):
     exhibit = _history(c, rid, "judge/exhibit")
     assert sum(exhibit[-6:]) / 6 > sum(exhibit[:6]) / 6
     assert child[0].data.params["sim_rl.judge.kind"] == "rule"
-    mv = c.get_model_version_by_alias("mimesis-simulator", "sim_rl")
+    mv = c.get_model_version_by_alias("mimesis-simulator-signal", "sim_rl")
     assert mv.run_id == rid
     arts = {a.path for a in c.list_artifacts(rid)}
     assert {"model", "config", "rollouts"} <= arts

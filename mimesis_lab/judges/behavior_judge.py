@@ -447,7 +447,22 @@ RULES = {"B1": _b1, "B2": _b2, "B3": _b3, "B4": _b4, "B5": _b5, "B6": _b6, "B7":
 
 # --------------------------------------------------------------------------- shared scores
 
+_WORDLIKE = re.compile(r"^[(\"'$#]*[A-Za-z0-9][A-Za-z0-9.@'_/:+-]*[.,!?;:)\"']{0,3}$")
+
+
+def wordlike_share(text: str) -> float:
+    """Share of whitespace tokens that look like words or numbers (a word may carry up to two
+    punctuation marks, e.g. ``now!!``); symbol spam, broken bytes and runs like ``!!!!`` are not
+    natural user text. ``1.0`` for an empty text (length is judged separately)."""
+    toks = text.replace("\ufffd", " \ufffd ").split()
+    if not toks:
+        return 1.0
+    return sum(bool(_WORDLIKE.match(t)) for t in toks) / len(toks)
+
+
 def naturalness(c: _Conv) -> float:
+    """Mean over user turns: length in a human range, no role confusion or meta talk, not a
+    near-repeat of an earlier turn, scaled by the share of word-like tokens (:func:`wordlike_share`)."""
     if not c.users:
         return 0.0
     scores, seen = [], []
@@ -458,6 +473,7 @@ def naturalness(c: _Conv) -> float:
             s *= 0.2
         if _META.search(u.text.replace("###STOP###", "")):
             s *= 0.3
+        s *= wordlike_share(u.text)
         ws = {w.lower() for w in re.findall(r"\w+", u.text)}
         if len(ws) >= 3 and any(len(ws & p) / len(ws | p) >= 0.8 for p in seen):
             s *= 0.5

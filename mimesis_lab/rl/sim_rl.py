@@ -46,7 +46,7 @@ from mimesis_lab.train.loop import (CHECKPOINTS, MARKER, ResumeError, TrainConfi
                                     list_checkpoints, load_ds_config, resolve_resume, tag_for)
 from mimesis_lab.train.schedule import lr_at
 
-__all__ = ["sample_groups", "sim_rl_fingerprint", "run_sim_rl", "OPERATIONAL_KEYS"]
+__all__ = ["sample_groups", "sim_rl_fingerprint", "policy_state_dict", "run_sim_rl", "OPERATIONAL_KEYS"]
 
 # `steps` is operational: raising it continues a finished run (the lr schedule is constant by default)
 OPERATIONAL_KEYS = ("resume", "save_every", "keep_last", "log_every", "launcher", "output_dir", "save_rollouts",
@@ -111,6 +111,21 @@ def _make_backend(cfg: Any, engine, tokenizer):
         return VLLMBackend(cfg.init_from, tokenizer=tokenizer,
                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
     return TransformersBackend(engine.module, tokenizer, batch_size=cfg.rollout.batch_size)
+
+
+def policy_state_dict(engine) -> dict[str, torch.Tensor]:
+    """The policy's full weights for refreshing a separate rollout engine (vLLM) before a step.
+
+    Under ZeRO-3 every rank holds a shard only: the parameters are gathered (all ranks take part)
+    and copied out; with ZeRO <= 2 the module's parameters are already whole.
+    """
+    module = engine.module
+    if engine.zero_optimization_stage() >= 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach() for k, v in module.state_dict().items()}
 
 
 def _update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int) -> dict[str, float]:
@@ -319,7 +334,7 @@ def run_sim_rl(params: Any) -> dict[str, Any] | None:
                     episodes.append(make_episode(groups[gi], ctx, random.Random(f"{cfg.seed}:{gid}:{k}")))
                     ids.append((gid, f"{gid}r{k}"))
             if cfg.rollout.backend == "vllm":
-                backend.update_weights(engine.module)
+                backend.update_weights(policy_state_dict(engine))
             sampling = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                                       top_p=cfg.rollout.top_p, seed=(cfg.seed * 1_000_003 + step * 9973 + rank))
             rollouts = run_episodes(episodes, ids, backend, tokenizer, sampling, require_think=cfg.require_think,
