@@ -8,21 +8,71 @@ and the response mask is 1 exactly on ``t in [start-1, len-1)``.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
 from mimesis_lab.rl.sim_batch import UpdateRow
 
-__all__ = ["pad_update_rows", "token_logprobs", "minibatch_indices", "micro_chunks"]
+__all__ = ["TokenRow", "pad_update_rows", "token_logprobs", "minibatch_indices", "micro_chunks"]
 
 
-def pad_update_rows(rows: Sequence[UpdateRow], pad_id: int, device: torch.device | str = "cpu"
+@dataclass(frozen=True)
+class TokenRow:
+    """A multi-turn row: ``input_ids`` with the trained (agent-generated) tokens at ``positions``
+    (response mask 1 exactly there; user/tool tokens in between are context), their rollout
+    log-probs ``old_logp`` and per-token advantages ``adv`` (one per position)."""
+
+    input_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    old_logp: tuple[float, ...]
+    adv: tuple[float, ...]
+    group_id: str
+    rollout_id: str
+
+    @property
+    def n_response(self) -> int:
+        return len(self.positions)
+
+
+def _pad_token_rows(rows: Sequence[Any], pad_id: int, device) -> dict[str, torch.Tensor]:
+    width = max(len(r.input_ids) for r in rows)
+    b = len(rows)
+    ids = torch.full((b, width), int(pad_id), dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    old = torch.zeros((b, width - 1), dtype=torch.float32)
+    mask = torch.zeros((b, width - 1), dtype=torch.float32)
+    adv = torch.zeros((b, width - 1), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        if isinstance(r, TokenRow):
+            pos, lp, av = list(r.positions), list(r.old_logp), list(r.adv)
+        else:   # one advantage on the contiguous response of an UpdateRow
+            pos, lp, av = list(range(r.start, n)), list(r.old_logp), [float(r.adv)] * (n - r.start)
+        if not (len(pos) == len(lp) == len(av)) or any(p < 1 or p >= n for p in pos):
+            raise ValueError(f"row {i} (rollout {r.rollout_id}): {len(pos)} positions, {len(lp)} log-probs, "
+                             f"{len(av)} advantages, positions must lie in 1..{n - 1}")
+        ids[i, :n] = torch.tensor(r.input_ids, dtype=torch.long)
+        attn[i, :n] = 1
+        if pos:
+            shifted = torch.tensor(pos, dtype=torch.long) - 1
+            old[i, shifted] = torch.tensor(lp, dtype=torch.float32)
+            mask[i, shifted] = 1.0
+            adv[i, shifted] = torch.tensor(av, dtype=torch.float32)
+    out = {"input_ids": ids, "attention_mask": attn, "old_logp": old, "mask": mask, "adv": adv}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def pad_update_rows(rows: Sequence[Any], pad_id: int, device: torch.device | str = "cpu"
                     ) -> dict[str, torch.Tensor]:
     """Right-pad rows into ``input_ids``/``attention_mask`` ``[B, T]`` and shifted
-    ``old_logp``/``mask`` ``[B, T-1]`` plus ``adv`` ``[B, 1]``."""
+    ``old_logp``/``mask`` ``[B, T-1]`` plus ``adv`` (``[B, 1]`` for one advantage per row, or
+    ``[B, T-1]`` when any row is a :class:`TokenRow` with per-token advantages)."""
     if not rows:
         raise ValueError("no rows to pad")
+    if any(isinstance(r, TokenRow) for r in rows):
+        return _pad_token_rows(rows, pad_id, device)
     width = max(len(r.input_ids) for r in rows)
     b = len(rows)
     ids = torch.full((b, width), int(pad_id), dtype=torch.long)

@@ -1,0 +1,160 @@
+"""Agent gyms (UserRL style, SPEC §3.1, DESIGN §5): one interface, a registry keyed by ``data_source``.
+
+A gym episode is created from one UserRL row: ``data_source = "interact_<gym>"``,
+``prompt`` (system + user messages the agent starts from), ``reward_model`` (``ground_truth``,
+``env_name``…), ``extra_info.tools_kwargs.interact_with_env.create_kwargs`` (``env_name``, the
+task ``id`` and whatever the gym needs). The task itself (hidden preferences, the hidden rule,
+the entity to guess, the retail database…) is looked up by id in the gym's task file.
+
+The agent acts through one tool, ``interact_with_env(choice, content)`` with ``choice`` in
+``{action, answer, search}``; the rollout loop turns a call into ``gym.step(choice, content)``
+which returns a :class:`StepResult` (feedback text for the agent, this turn's reward, done).
+
+**The user side of every gym is the simulator.** Gyms that need a human answer (a preference,
+a yes/no, a stance) ask their :class:`UserSide` — in training the frozen simulator behind the
+privileged shim (:mod:`mimesis_lab.rollout.shim`), which returns only the public utterance —
+through :meth:`Gym.ask_user`, with a user-simulator view of the conversation: a system prompt
+that holds the user's hidden task, the agent's messages in the ``user`` slot and the user's own
+previous replies in the ``assistant`` slot. A user failure (endpoint error, timeout, refusal)
+raises :class:`UserSideError`; the rollout loop records the episode as *invalid* with that
+reason — never as reward 0.
+
+Everything a gym knows that the agent must discover is listed by :meth:`Gym.hidden_facts`
+(the CSD leak validator drops coaching notes that reveal them).
+"""
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+__all__ = ["CHOICES", "StepResult", "UserReply", "UserSide", "UserSideError", "Gym", "GYMS", "register_gym",
+           "make_gym", "create_kwargs", "ScriptedUser"]
+
+CHOICES = ("action", "answer", "search")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one tool call returns: ``observation`` (feedback text shown to the agent), the turn's
+    ``reward`` (a float, may be 0), ``done``, and ``info`` (logged, never shown to the agent)."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UserReply:
+    """The user's public reply, or an error reason (``text`` is ``None`` then)."""
+
+    text: str | None
+    error: str | None = None
+
+
+class UserSideError(RuntimeError):
+    """The user side could not answer; ``reason`` is ``user_error``, ``timeout`` or ``refusal``."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@runtime_checkable
+class UserSide(Protocol):
+    """Who plays the user: ``respond(messages)`` with the user-simulator view → :class:`UserReply`."""
+
+    def respond(self, messages: list[dict[str, str]]) -> UserReply: ...
+
+
+class ScriptedUser:
+    """A deterministic user for tests only: ``fn(messages) -> str`` (never used in training)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls: list[list[dict[str, str]]] = []
+
+    def respond(self, messages: list[dict[str, str]]) -> UserReply:
+        self.calls.append([dict(m) for m in messages])
+        return UserReply(self.fn(messages))
+
+
+def create_kwargs(row: dict[str, Any]) -> dict[str, Any]:
+    """``extra_info.tools_kwargs.interact_with_env.create_kwargs`` of a UserRL row (``{}`` if absent)."""
+    info = row.get("extra_info") or {}
+    tk = (info.get("tools_kwargs") or {}).get("interact_with_env") or {}
+    return dict(tk.get("create_kwargs") or {})
+
+
+class Gym(ABC):
+    """One episode of one gym. Subclasses set ``name`` (``travel``…), ``env_name`` (``TravelGym``…)
+    and implement :meth:`step` (and usually :meth:`reset`, :meth:`user_system_prompt`,
+    :meth:`hidden_facts`). ``task`` is the gym's task record (from its task file, by id)."""
+
+    name: ClassVar[str] = ""
+    env_name: ClassVar[str] = ""
+
+    def __init__(self, task: dict[str, Any], user: UserSide | None = None, rng: random.Random | None = None,
+                 max_steps: int = 16):
+        self.task = task
+        self.user = user
+        self.rng = rng or random.Random(0)
+        self.max_steps = max_steps
+        self.steps = 0
+        self.done = False
+        self.dialogue: list[dict[str, str]] = []   # agent <-> user messages, public only
+
+    @classmethod
+    def data_source(cls) -> str:
+        return f"interact_{cls.name}"
+
+    def reset(self) -> str:
+        """Initial observation appended to the agent's prompt (``""`` for none)."""
+        return ""
+
+    @abstractmethod
+    def step(self, choice: str, content: str) -> StepResult:
+        """Apply ``interact_with_env(choice, content)``; an unknown choice is feedback, not an exception."""
+
+    def user_system_prompt(self) -> str:
+        """The simulator's instructions for this episode (holds the user's hidden task)."""
+        return "You are a human user talking to an AI assistant."
+
+    def hidden_facts(self) -> list[str]:
+        """Strings the agent must discover (preferences, the answer, the entity…): a coaching note
+        containing one of them leaks the task."""
+        return []
+
+    def ask_user(self, agent_message: str) -> str:
+        """Send ``agent_message`` to the user side and return its public reply (raises :class:`UserSideError`)."""
+        if self.user is None:
+            raise UserSideError("user_error", f"{self.env_name} needs a user side but none was given")
+        self.dialogue.append({"role": "agent", "content": agent_message})
+        view = [{"role": "system", "content": self.user_system_prompt()}]
+        for m in self.dialogue:
+            view.append({"role": "user" if m["role"] == "agent" else "assistant", "content": m["content"]})
+        reply = self.user.respond(view)
+        if reply.text is None or not reply.text.strip():
+            reason = "timeout" if reply.error and "timeout" in reply.error.lower() else "user_error"
+            raise UserSideError(reason, reply.error or "empty user reply")
+        self.dialogue.append({"role": "user", "content": reply.text.strip()})
+        return reply.text.strip()
+
+
+GYMS: dict[str, type[Gym]] = {}
+
+
+def register_gym(cls: type[Gym]) -> type[Gym]:
+    if not cls.name or cls.data_source() in GYMS and GYMS[cls.data_source()] is not cls:
+        raise ValueError(f"gym {cls.__name__}: missing or duplicate name {cls.name!r}")
+    GYMS[cls.data_source()] = cls
+    return cls
+
+
+def make_gym(data_source: str, task: dict[str, Any], user: UserSide | None = None,
+             rng: random.Random | None = None, max_steps: int = 16) -> Gym:
+    if data_source not in GYMS:
+        raise KeyError(f"no gym registered for data_source {data_source!r} (known: {sorted(GYMS)})")
+    return GYMS[data_source](task, user=user, rng=rng, max_steps=max_steps)
