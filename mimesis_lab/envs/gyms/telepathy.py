@@ -1,0 +1,176 @@
+"""TelepathyGym (SPEC §3.1, DESIGN §5): guess the entity the user thinks of, with yes/no questions.
+
+A task (``data/raw/gyms/telepathy/tasks.json``, a list of records or ``{id: record}``)::
+
+    {"id": "tele-1", "entity": "Eiffel Tower", "category": "landmark",
+     "aliases": ["Tour Eiffel", "La Tour Eiffel"], "description": "<optional one-line gloss>"}
+
+**Reward rule**:
+
+* ``action`` (content = a yes/no question): the user side, which holds the entity, answers;
+  reward 0, not done.
+* ``answer`` (content = a guess): **1.0** and done if the normalised guess equals the normalised
+  entity or one of its aliases; otherwise reward 0, not done (guesses may be repeated).
+  Normalisation: accents stripped, lower-cased, punctuation dropped, whitespace collapsed, a
+  leading answer phrase ("my guess is", "it is", "is it"…) and a leading article (the/a/an)
+  removed. A guess naming the entity inside a longer phrase ("the Eiffel Tower in Paris") does
+  not count: one entity per guess.
+
+Unknown choices (``search`` included) and empty content are feedback (reward 0, not done); each
+call counts as a step and the episode ends after ``max_steps`` steps.
+"""
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
+
+__all__ = ["TASKS_PATH", "TelepathyGym", "load_tasks", "build_rows", "normalise", "is_match"]
+
+TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "telepathy" / "tasks.json"
+
+_LEADS = ("my final guess is", "my guess is", "i think it is", "i think its", "i guess it is", "the answer is",
+          "my answer is", "i guess", "i think", "is it", "it is", "its", "answer")
+_ARTICLES = ("the", "a", "an")
+
+SYSTEM_PROMPT = (
+    "You are an agent that interacts with an environment to play a guessing game. The environment and your "
+    "action space are described below.\n\n"
+    "- Environment Description: TelepathyGym is a guessing game. The user is thinking of one entity (a "
+    "person, place, object, animal, work…) and tells you only its broad category. Narrow it down with "
+    "yes-or-no questions and guess the entity.\n\n"
+    "- Action Space: call the tool `interact_with_env` with a `choice` of `action` or `answer` and a "
+    "`content` string.\n\n"
+    "- Action Description:\n"
+    "  * `action`: ask the user one yes-or-no question in `content`.\n"
+    "  * `answer`: write your guess in `content`: just the name of one entity. You may guess more than "
+    "once; a correct guess ends the game.\n\n"
+    "- Important Notes:\n"
+    "  * First reason about your next step between `<think>` and `</think>`, then call the tool.\n"
+    "  * The number of interaction rounds is limited; ask questions that split the remaining "
+    "possibilities roughly in half, and guess when you are fairly sure.\n"
+    "  * Be bold, creative and smart. Let's begin!"
+)
+
+
+def normalise(text: str) -> str:
+    """Accent-free, lower-case, punctuation-free form of a guess or a name (answer lead and article dropped)."""
+    t = unicodedata.normalize("NFKD", str(text))
+    t = "".join(ch for ch in t if not unicodedata.combining(ch)).lower()
+    t = re.sub(r"[’'`]", "", t)
+    t = " ".join(re.findall(r"[a-z0-9]+", t))
+    changed = True
+    while changed:
+        changed = False
+        for lead in _LEADS:
+            if t.startswith(lead + " "):
+                t, changed = t[len(lead) + 1:], True
+    for art in _ARTICLES:
+        if t.startswith(art + " "):
+            t = t[len(art) + 1:]
+            break
+    return t
+
+
+def is_match(guess: str, task: dict[str, Any]) -> bool:
+    g = normalise(guess)
+    return bool(g) and any(g == normalise(n) for n in [task["entity"], *task.get("aliases", [])])
+
+
+def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
+    tasks: dict[str, dict[str, Any]] = {}
+    for rec in data:
+        if not isinstance(rec, dict) or "id" not in rec or not rec.get("entity") or not rec.get("category"):
+            raise ValueError(f"{path}: malformed telepathy task {rec!r:.80}")
+        tasks[str(rec["id"])] = rec
+    return tasks
+
+
+def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, (tid, t) in enumerate(tasks.items()):
+        user = (f"I am thinking of a {t['category']}. Try to guess what it is by asking yes-or-no questions!\n"
+                "Find out which one I have in mind!")
+        rows.append({
+            "data_source": TelepathyGym.data_source(),
+            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+            "ability": "interaction",
+            "reward_model": {"env_name": TelepathyGym.env_name, "ground_truth": t["entity"], "id": tid,
+                             "style": "rule"},
+            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
+                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
+                               "env_name": TelepathyGym.env_name, "id": tid}}}},
+        })
+    return rows
+
+
+@register_gym
+class TelepathyGym(Gym):
+    name = "telepathy"
+    env_name = "TelepathyGym"
+
+    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
+        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
+        self.reset()
+
+    def reset(self) -> str:
+        self.steps, self.done = 0, False
+        self.dialogue = []
+        self.guesses: list[str] = []
+        return ""
+
+    def user_system_prompt(self) -> str:
+        t = self.task
+        gloss = f" ({t['description']})" if t.get("description") else ""
+        aliases = f" Also known as: {', '.join(t['aliases'])}." if t.get("aliases") else ""
+        return (
+            f"You are playing a guessing game with an AI assistant. You are thinking of this {t['category']}: "
+            f"{t['entity']}{gloss}.{aliases}\n"
+            "The assistant asks yes-or-no questions to find it. Answer each question truthfully about "
+            f"{t['entity']} with 'Yes', 'No', or 'I'm not sure' when the answer is ambiguous, optionally with a "
+            "few words of clarification. Never say the name or an alias, and never give hints beyond the "
+            "question asked."
+        )
+
+    def hidden_facts(self) -> list[str]:
+        return [self.task["entity"], *self.task.get("aliases", [])]
+
+    def step(self, choice: str, content: str) -> StepResult:
+        if self.done:
+            return StepResult("The episode is already over.", 0.0, True, {"error": "episode_over"})
+        self.steps += 1
+        c = str(choice or "").strip().strip("[]").lower()
+        text = content if isinstance(content, str) else ("" if content is None else str(content))
+        text = text.strip()
+        if c not in ("action", "answer"):
+            return self._finish(f"Invalid choice {choice!r}: use `action` (ask a yes-or-no question) or `answer` "
+                                "(guess the entity). Search is not available in this game.", 0.0, False,
+                                {"error": "invalid_choice"})
+        if not text or (c == "answer" and not normalise(text)):
+            return self._finish(f"Empty content for `{c}`: write a yes-or-no question or a guess.", 0.0, False,
+                                {"error": "empty_content"})
+        if c == "action":
+            reply = self.ask_user(text)   # UserSideError propagates to the rollout loop
+            return self._finish(reply, 0.0, False, {})
+        self.guesses.append(text)
+        if is_match(text, self.task):
+            return self._finish(f"Correct! I was thinking of {self.task['entity']}.", 1.0, True, {"correct": True})
+        return self._finish("No, that is not what I am thinking of. Keep asking or guess again.", 0.0, False,
+                            {"correct": False})
+
+    def _finish(self, obs: str, reward: float, done: bool, info: dict[str, Any]) -> StepResult:
+        if not done and self.steps >= self.max_steps:
+            done = True
+            obs += "\nThe interaction limit has been reached; the episode is over."
+            info["max_steps"] = True
+        self.done = done
+        info["step"] = self.steps
+        return StepResult(obs, round(float(reward), 6), done, info)

@@ -1,0 +1,310 @@
+"""TravelGym (SPEC §3.1, DESIGN §5): elicit the user's hidden preferences, search the options, pick one.
+
+A task (``data/raw/gyms/travel/tasks.json``, a list of records or ``{id: record}``)::
+
+    {"id": "travel-1", "aspect": "hotel", "city": "Lisbon", "price_unit": "per night",
+     "request": "<the user's opening message>",
+     "preferences": [{"text": "Budget under $150 per night", "keywords": ["budget", "$150", …],
+                      "check": {"attr": "price", "max": 150}, "stated": false}, …],
+     "options": [{"id": "H1", "name": "Hotel Mar Azul", "price": 120, "rating": 4.2,
+                  "tags": ["beach", "pet friendly"], "description": "…"}, …],
+     "best_id": "H3"}
+
+A preference ``check`` is one of ``{"tag": t}`` (``t`` in the option's tags), ``{"attr": a, "max": v}``,
+``{"attr": a, "min": v}`` or ``{"attr": a, "equals": v}``. Exactly one option (``best_id``) satisfies
+every preference. ``stated`` preferences are in the opening request (known from the start);
+the others are hidden and only the user side knows them.
+
+**Reward rule** (per step; rewards add up over the episode):
+
+* ``action`` (content = a message to the user): the user side replies; every hidden preference
+  not yet elicited one of whose keywords occurs in the reply (case-insensitive, as a whole word
+  or phrase, plural -s/-es allowed) becomes *elicited* and earns **0.2** (so at most 0.2 per
+  preference per episode). Not done.
+* ``search`` (content = a query): content words of the query are matched against each option's
+  text (name, aspect, city, tags, description, attribute names); the matching options are
+  returned. The **first** valid search (non-empty query matching ≥ 1 option) earns **0.2**; every
+  later search earns 0. A query matching nothing returns "no results" (reward 0). Not done.
+* ``answer`` (content = exactly one option id or name): **1.0** if the option satisfies every
+  preference (the best option); **0.8** if at least one preference is known (stated or elicited)
+  and the option satisfies all known preferences but not all preferences; else **0**. A valid
+  answer ends the episode; content naming no option or several options is malformed (reward 0,
+  not done).
+
+Unknown choices, empty content and malformed answers are feedback (reward 0, not done); each call
+counts as a step and the episode ends after ``max_steps`` steps.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
+
+__all__ = ["TASKS_PATH", "TravelGym", "load_tasks", "build_rows", "satisfies", "search_options", "mentions"]
+
+TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "travel" / "tasks.json"
+
+ELICIT_REWARD = 0.2
+SEARCH_REWARD = 0.2
+BEST_REWARD = 1.0
+CORRECT_REWARD = 0.8
+
+_STOP = frozenset("a an the and or for to of in on at with by from is are be i me my we our you your it its "
+                  "that this any some please find show search looking look want need options option "
+                  "available list all".split())
+
+SYSTEM_PROMPT = (
+    "You are an agent that interacts with an environment on behalf of a traveller. The environment and "
+    "your action space are described below.\n\n"
+    "- Environment Description: TravelGym is a travel-planning environment. A user asks for help with "
+    "one part of a trip (a hotel, a flight, a restaurant, a rental car, a tour…). The user has "
+    "preferences they have not told you yet; a small database holds the candidate options. Ask the "
+    "user, search the database, and recommend the single option that fits the user best.\n\n"
+    "- Action Space: call the tool `interact_with_env` with a `choice` of `action`, `search` or "
+    "`answer` and a `content` string.\n\n"
+    "- Action Description:\n"
+    "  * `action`: send a message to the user in `content`. Ask one clear, specific question about "
+    "what matters to them (price, location, amenities, timing…). Vague questions get vague replies.\n"
+    "  * `search`: query the option database in `content` (e.g. 'hotel near the beach'). Matching "
+    "options are listed with their ids and attributes.\n"
+    "  * `answer`: recommend exactly one option by writing its id (or its exact name) in `content`. "
+    "Your recommendation ends the episode.\n\n"
+    "- Important Notes:\n"
+    "  * First reason about your next step between `<think>` and `</think>`, then call the tool.\n"
+    "  * The number of interaction rounds is limited; balance asking, searching and answering.\n"
+    "  * The user's preferences are often implicit and are revealed only when you ask about the "
+    "right topic. Uncover them before you recommend.\n"
+    "  * Be focused, curious and efficient. Let's begin!"
+)
+
+
+def _words(text: str) -> set[str]:
+    out = set()
+    for w in re.findall(r"[a-z0-9$]+", text.lower()):
+        if w in _STOP or len(w) < 2:
+            continue
+        out.add(w[:-1] if len(w) > 3 and w.endswith("s") else w)
+    return out
+
+
+def mentions(text: str, keyword: str) -> bool:
+    """Whether ``keyword`` occurs in ``text`` as a whole word/phrase (case-insensitive; plural -s/-es ok)."""
+    k = str(keyword).strip().lower()
+    if not k:
+        return False
+    return re.search(r"(?<![a-z0-9])" + re.escape(k) + r"(?:s|es)?(?![a-z0-9])", text.lower()) is not None
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
+    tasks: dict[str, dict[str, Any]] = {}
+    for rec in data:
+        if not isinstance(rec, dict) or "id" not in rec or not rec.get("options") or not rec.get("preferences"):
+            raise ValueError(f"{path}: malformed travel task {rec!r:.80}")
+        tasks[str(rec["id"])] = rec
+    return tasks
+
+
+def satisfies(option: dict[str, Any], pref: dict[str, Any]) -> bool:
+    """Whether ``option`` meets preference ``pref`` (its ``check``)."""
+    chk = pref.get("check") or {}
+    if "tag" in chk:
+        return str(chk["tag"]).lower() in {str(t).lower() for t in option.get("tags", [])}
+    val = option.get(chk.get("attr", ""))
+    if val is None:
+        return False
+    if "max" in chk:
+        return isinstance(val, (int, float)) and val <= chk["max"]
+    if "min" in chk:
+        return isinstance(val, (int, float)) and val >= chk["min"]
+    if "equals" in chk:
+        return str(val).lower() == str(chk["equals"]).lower()
+    return False
+
+
+def _option_text(task: dict[str, Any], opt: dict[str, Any]) -> str:
+    attrs = " ".join(k for k in opt if k not in ("id", "name", "tags", "description"))
+    return " ".join([str(opt.get("name", "")), str(task.get("aspect", "")), str(task.get("city", "")),
+                     " ".join(map(str, opt.get("tags", []))), str(opt.get("description", "")), attrs])
+
+
+def format_option(task: dict[str, Any], opt: dict[str, Any]) -> str:
+    parts = [f"[{opt['id']}] {opt.get('name', opt['id'])}"]
+    for k, v in opt.items():
+        if k in ("id", "name", "tags", "description"):
+            continue
+        if k == "price":
+            parts.append(f"price: ${v} {task.get('price_unit', '')}".rstrip())
+        else:
+            parts.append(f"{k.replace('_', ' ')}: {v}")
+    if opt.get("tags"):
+        parts.append("features: " + ", ".join(map(str, opt["tags"])))
+    if opt.get("description"):
+        parts.append(str(opt["description"]))
+    return " | ".join(parts)
+
+
+def search_options(task: dict[str, Any], query: str) -> list[dict[str, Any]]:
+    """Options sharing ≥ 1 content word with ``query``, most matches first (ties in file order)."""
+    q = _words(query)
+    if not q:
+        return []
+    scored = [(len(q & _words(_option_text(task, o))), i, o) for i, o in enumerate(task["options"])]
+    return [o for n, i, o in sorted(scored, key=lambda t: (-t[0], t[1])) if n > 0]
+
+
+def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, (tid, t) in enumerate(tasks.items()):
+        rows.append({
+            "data_source": TravelGym.data_source(),
+            "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                       {"role": "user", "content": f"{t['request']}\nPlease recommend the one option that suits "
+                                                   "me best."}],
+            "ability": "interaction",
+            "reward_model": {"env_name": TravelGym.env_name, "ground_truth": str(t["best_id"]), "id": tid,
+                             "style": "rule"},
+            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
+                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
+                               "env_name": TravelGym.env_name, "id": tid}}}},
+        })
+    return rows
+
+
+@register_gym
+class TravelGym(Gym):
+    name = "travel"
+    env_name = "TravelGym"
+
+    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
+        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
+        self.reset()
+
+    def reset(self) -> str:
+        self.steps, self.done = 0, False
+        self.dialogue = []
+        prefs = self.task.get("preferences", [])
+        self.known: set[int] = {i for i, p in enumerate(prefs) if p.get("stated")}
+        self.elicited: set[int] = set()
+        self.searched = False
+        return ""
+
+    # ---- user side -------------------------------------------------------------------------
+    def user_system_prompt(self) -> str:
+        t = self.task
+        hidden = [p["text"] for p in t["preferences"] if not p.get("stated")]
+        stated = [p["text"] for p in t["preferences"] if p.get("stated")]
+        lines = [
+            f"You are a traveller talking to an AI travel assistant about a {t.get('aspect', 'booking')}"
+            f" in {t.get('city', 'your destination')}.",
+            f"Your opening request was: \"{t['request']}\"",
+            "Your private preferences (the assistant does not know them yet):",
+            *[f"- {p}" for p in hidden],
+        ]
+        if stated:
+            lines += ["Preferences you already told the assistant:", *[f"- {p}" for p in stated]]
+        lines += [
+            "Rules: reply briefly and naturally, like a real person. Reveal a preference only when the "
+            "assistant asks about its topic, and reveal at most one preference per reply. Never list all "
+            "your preferences at once, never name a specific option or id, and if asked about something "
+            "you have no preference on, say you don't mind."
+        ]
+        return "\n".join(lines)
+
+    def hidden_facts(self) -> list[str]:
+        facts = [p["text"] for p in self.task["preferences"] if not p.get("stated")]
+        best = next((o for o in self.task["options"] if str(o["id"]) == str(self.task.get("best_id"))), None)
+        if best is not None:
+            facts.append(str(best.get("name", best["id"])))
+        return facts
+
+    # ---- steps ------------------------------------------------------------------------------
+    def step(self, choice: str, content: str) -> StepResult:
+        if self.done:
+            return StepResult("The episode is already over.", 0.0, True, {"error": "episode_over"})
+        self.steps += 1
+        c = str(choice or "").strip().strip("[]").lower()
+        text = content if isinstance(content, str) else ("" if content is None else str(content))
+        text = text.strip()
+        if c not in ("action", "search", "answer"):
+            return self._finish(f"Invalid choice {choice!r}: use `action` (ask the user), `search` (query the "
+                                "options) or `answer` (recommend one option id).", 0.0, False,
+                                {"error": "invalid_choice"})
+        if not text:
+            return self._finish(f"Empty content for `{c}`: write a question, a query or an option id.", 0.0, False,
+                                {"error": "empty_content"})
+        return getattr(self, f"_{c}")(text)
+
+    def _finish(self, obs: str, reward: float, done: bool, info: dict[str, Any]) -> StepResult:
+        if not done and self.steps >= self.max_steps:
+            done = True
+            obs += "\nThe interaction limit has been reached; the episode is over."
+            info["max_steps"] = True
+        self.done = done
+        info["step"] = self.steps
+        return StepResult(obs, round(float(reward), 6), done, info)
+
+    def _action(self, text: str) -> StepResult:
+        reply = self.ask_user(text)   # UserSideError propagates to the rollout loop
+        low = reply.lower()
+        new = []
+        for i, p in enumerate(self.task["preferences"]):
+            if i in self.known or i in self.elicited:
+                continue
+            if any(mentions(low, k) for k in p.get("keywords", [])):
+                new.append(i)
+        self.elicited.update(new)
+        self.known.update(new)
+        return self._finish(reply, ELICIT_REWARD * len(new), False, {"elicited": new})
+
+    def _search(self, text: str) -> StepResult:
+        hits = search_options(self.task, text)
+        if not hits:
+            return self._finish("No options match this query. Try naming the kind of option "
+                                f"(e.g. '{self.task.get('aspect', 'hotel')}') or a feature.", 0.0, False,
+                                {"search_hits": 0})
+        reward = 0.0 if self.searched else SEARCH_REWARD
+        self.searched = True
+        obs = f"Found {len(hits)} option(s):\n" + "\n".join(format_option(self.task, o) for o in hits)
+        return self._finish(obs, reward, False, {"search_hits": len(hits)})
+
+    def _match_options(self, text: str) -> list[dict[str, Any]]:
+        tokens = set(re.findall(r"[a-z0-9]+", text.lower()))
+        ntext = f" {_norm(text)} "
+        found = []
+        for o in self.task["options"]:
+            oid = str(o["id"]).lower()
+            name = _norm(str(o.get("name", "")))
+            if oid in tokens or (name and f" {name} " in ntext):
+                found.append(o)
+        return found
+
+    def _answer(self, text: str) -> StepResult:
+        found = self._match_options(text)
+        if len(found) != 1:
+            why = "names no known option" if not found else "names more than one option"
+            return self._finish(f"Invalid answer: it {why}. Recommend exactly one option by its id.", 0.0, False,
+                                {"error": "malformed_answer"})
+        opt = found[0]
+        prefs = self.task["preferences"]
+        ok = [satisfies(opt, p) for p in prefs]
+        if all(ok):
+            reward, verdict = BEST_REWARD, "best"
+        elif self.known and all(ok[i] for i in self.known):
+            reward, verdict = CORRECT_REWARD, "correct"
+        else:
+            reward, verdict = 0.0, "wrong"
+        obs = {"best": "Great choice: this option satisfies all of the user's preferences.",
+               "correct": "This option fits what the user told you, but it misses some of their preferences.",
+               "wrong": "This option does not fit the user's preferences."}[verdict]
+        return self._finish(obs, reward, True, {"answer": opt["id"], "verdict": verdict})

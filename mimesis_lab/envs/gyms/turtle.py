@@ -1,0 +1,189 @@
+"""TurtleGym (SPEC §3.1, DESIGN §5): a lateral-thinking "turtle soup" story; yes/no questions, then an explanation.
+
+A task (``data/raw/gyms/turtle/tasks.json``, a list of records or ``{id: record}``)::
+
+    {"id": "turtle-1", "title": "…", "surface": "<the puzzling story shown to the agent>",
+     "solution": "<the hidden full story>", "key_facts": ["<short fact>", …]}
+
+**Reward rule** (a deterministic rule judge stands in for the reference's LLM judge):
+
+* ``action`` (content = a yes/no question): the user side, which holds the solution and answers
+  only Yes / No / Irrelevant, replies; reward 0, not done.
+* ``answer`` (content = the agent's explanation of the story): each key fact is *covered* when at
+  least half of its content words (lower-cased, stop-words dropped, a trailing plural ``s``
+  stripped) occur in the explanation; ``score = covered / len(key_facts)``. The reward is the
+  gain over the best score so far, ``max(0, score - best)``, then ``best = max(best, score)``
+  (so the rewards of an episode sum to its best score). The episode is done when
+  ``score >= 0.99``; answers may be given several times.
+
+Unknown choices (``search`` included) and empty content are feedback (reward 0, not done); each
+call counts as a step and the episode ends after ``max_steps`` steps.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
+
+__all__ = ["TASKS_PATH", "TurtleGym", "load_tasks", "build_rows", "content_words", "fact_covered", "judge"]
+
+TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "turtle" / "tasks.json"
+
+COVER_THRESHOLD = 0.5
+DONE_SCORE = 0.99
+
+_STOP = frozenset("""a an the and or but if then so because as of in on at to for from by with without into onto
+over under about after before during while when where which who whom whose what why how that this these those
+there here it its he him his she her hers they them their we us our you your i me my mine is are was were be been
+being am do does did done has have had having not no nor yes can could would should will shall may might must
+very just only also too than up down out off all any each every some such own same other another again once
+one""".split())
+
+SYSTEM_PROMPT = (
+    "You are an agent that interacts with an environment to solve a puzzle. The environment and your "
+    "action space are described below.\n\n"
+    "- Environment Description: TurtleGym is a lateral-thinking story game (a 'turtle soup' puzzle). "
+    "You are shown the surface of a strange story; behind it is a hidden full story with a twist. "
+    "Find out what really happened by asking the host yes-or-no questions, then explain the story.\n\n"
+    "- Action Space: call the tool `interact_with_env` with a `choice` of `action` or `answer` and a "
+    "`content` string.\n\n"
+    "- Action Description:\n"
+    "  * `action`: ask the host one yes-or-no question in `content`. The host answers only Yes, No or "
+    "Irrelevant.\n"
+    "  * `answer`: give your explanation of the whole hidden story in `content`: who did what and why, "
+    "including every twist you have uncovered. You may answer several times; a better explanation "
+    "earns more.\n\n"
+    "- Important Notes:\n"
+    "  * First reason about your next step between `<think>` and `</think>`, then call the tool.\n"
+    "  * The number of interaction rounds is limited; test bold hypotheses with sharp questions.\n"
+    "  * Think about unusual readings of every detail in the surface story.\n"
+    "  * Be bold, creative and smart. Let's begin!"
+)
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased alphanumeric words minus stop-words, a trailing plural ``s`` stripped."""
+    out = set()
+    for w in re.findall(r"[a-z0-9]+", str(text).lower()):
+        if w in _STOP or (len(w) < 2 and not w.isdigit()):
+            continue
+        out.add(w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w)
+    return out
+
+
+def fact_covered(fact: str, explanation: str | set[str]) -> bool:
+    fw = content_words(fact)
+    ew = explanation if isinstance(explanation, set) else content_words(explanation)
+    return bool(fw) and len(fw & ew) / len(fw) >= COVER_THRESHOLD
+
+
+def judge(key_facts: list[str], explanation: str) -> float:
+    """Fraction of ``key_facts`` covered by ``explanation`` (0 when there are no key facts)."""
+    if not key_facts:
+        return 0.0
+    ew = content_words(explanation)
+    return sum(fact_covered(f, ew) for f in key_facts) / len(key_facts)
+
+
+def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
+    tasks: dict[str, dict[str, Any]] = {}
+    for rec in data:
+        if not isinstance(rec, dict) or "id" not in rec or not rec.get("surface") or not rec.get("solution") \
+                or not rec.get("key_facts"):
+            raise ValueError(f"{path}: malformed turtle task {rec!r:.80}")
+        tasks[str(rec["id"])] = rec
+    return tasks
+
+
+def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, (tid, t) in enumerate(tasks.items()):
+        user = (f"Title: {t.get('title', 'Untitled')}\nSurface: {t['surface']}\n"
+                "Uncover the hidden story behind the surface and explain what really happened!")
+        rows.append({
+            "data_source": TurtleGym.data_source(),
+            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+            "ability": "interaction",
+            "reward_model": {"env_name": TurtleGym.env_name, "ground_truth": t["solution"], "id": tid,
+                             "style": "rule"},
+            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
+                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
+                               "env_name": TurtleGym.env_name, "id": tid}}}},
+        })
+    return rows
+
+
+@register_gym
+class TurtleGym(Gym):
+    name = "turtle"
+    env_name = "TurtleGym"
+
+    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
+        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
+        self.reset()
+
+    def reset(self) -> str:
+        self.steps, self.done = 0, False
+        self.dialogue = []
+        self.best = 0.0
+        return ""
+
+    def user_system_prompt(self) -> str:
+        t = self.task
+        return (
+            "You are the host of a lateral-thinking puzzle game. The player sees only the surface story and "
+            "asks you yes-or-no questions to uncover the hidden story.\n"
+            f"Surface story: {t['surface']}\n"
+            f"Hidden story (secret): {t['solution']}\n"
+            "Rules: answer every question with exactly one word: 'Yes', 'No' or 'Irrelevant' (for questions "
+            "that do not matter to the hidden story or cannot be answered with yes or no). Answer truthfully "
+            "according to the hidden story. Never reveal or hint at the hidden story beyond that one word."
+        )
+
+    def hidden_facts(self) -> list[str]:
+        return [self.task["solution"], *self.task["key_facts"]]
+
+    def step(self, choice: str, content: str) -> StepResult:
+        if self.done:
+            return StepResult("The episode is already over.", 0.0, True, {"error": "episode_over"})
+        self.steps += 1
+        c = str(choice or "").strip().strip("[]").lower()
+        text = content if isinstance(content, str) else ("" if content is None else str(content))
+        text = text.strip()
+        if c not in ("action", "answer"):
+            return self._finish(f"Invalid choice {choice!r}: use `action` (ask a yes-or-no question) or `answer` "
+                                "(explain the hidden story). Search is not available in this game.", 0.0, False,
+                                {"error": "invalid_choice"})
+        if not text:
+            return self._finish(f"Empty content for `{c}`: write a yes-or-no question or your explanation.", 0.0,
+                                False, {"error": "empty_content"})
+        if c == "action":
+            reply = self.ask_user(text)   # UserSideError propagates to the rollout loop
+            return self._finish(reply, 0.0, False, {})
+        score = judge(self.task["key_facts"], text)
+        gain = max(0.0, score - self.best)
+        self.best = max(self.best, score)
+        done = score >= DONE_SCORE
+        if done:
+            obs = "Your explanation captures the whole hidden story. Well done!"
+        elif gain > 0:
+            obs = f"Your explanation covers more of the hidden story than before ({score:.0%} of it)."
+        else:
+            obs = f"Your explanation covers {score:.0%} of the hidden story, no better than your best so far."
+        return self._finish(obs, gain, done, {"score": score, "best": self.best})
+
+    def _finish(self, obs: str, reward: float, done: bool, info: dict[str, Any]) -> StepResult:
+        if not done and self.steps >= self.max_steps:
+            done = True
+            obs += "\nThe interaction limit has been reached; the episode is over."
+            info["max_steps"] = True
+        self.done = done
+        info["step"] = self.steps
+        return StepResult(obs, round(float(reward), 6), done, info)

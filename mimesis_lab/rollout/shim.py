@@ -1,0 +1,370 @@
+"""The privileged shim (SPEC §3.3.1): an OpenAI-compatible proxy that hides the simulator's reasoning.
+
+One shim sits in front of the simulator's server (``upstream``, an OpenAI base URL such as
+``http://127.0.0.1:8000/v1``). Each agent episode talks to the simulator through its own
+base URL ``{shim}/ep/{episode}/v1``:
+
+- ``POST /ep/{episode}/v1/chat/completions`` forwards the body to ``{upstream}/chat/completions``,
+  splits every choice's content ``<think>reasoning</think>utterance``, stores choice 0's
+  reasoning in the episode's buffer and answers the upstream response with ``content`` = the
+  public utterance only. ``reasoning_content``/``reasoning`` fields (vLLM reasoning parsers)
+  are moved to the buffer the same way, and token ``logprobs`` are dropped (their tokens
+  would spell the reasoning). ``stream=true`` is refused (400).
+- ``GET /ep/{episode}/privileged`` → ``{"episode", "reasoning": [...], "turns", "finished"}``.
+- ``POST /ep/{episode}/finish`` marks the episode finished: the buffer stays readable, takes no
+  more turns, and is the first to go under memory pressure. ``DELETE /ep/{episode}`` removes it
+  now and answers its final buffer (a turn still in flight then is lost with it); the id may
+  be reused afterwards as a fresh episode.
+- ``GET /ep/{episode}/v1/models`` is passed through; ``GET /health`` gives :meth:`stats`.
+
+**Turn alignment** (SPEC §5 gap: the reference appended only replies that had reasoning).
+Every successful turn appends exactly one entry, ``""`` when the reply had no reasoning, so
+``privileged[t]`` is the reasoning behind the simulator's t-th reply. The turns of one
+episode are serialised (a per-episode lock is held across the upstream call), so entry order
+is request order. An upstream failure (transport error, timeout, non-200, a response without
+message content) answers HTTP 502 and appends **nothing**: that turn did not happen, and a
+retry is safe. If writing the answer back to the client fails, the appended entry is rolled
+back (best effort: a client that timed out may not be noticed, so keep the shim's
+``timeout_s`` below its clients' timeout). A malformed reply is still a turn: the utterance is
+the text with every think block removed (``public_text``) and the reasoning is the text inside
+them (counted in ``format_failures``); a reply that is only reasoning answers ``content: ""``
+with the reasoning stored — the caller decides what an empty user reply means.
+
+**Isolation.** A buffer is addressed only by its own id (``[A-Za-z0-9_.:-]{1,128}``, else
+400); there is no route that lists ids or reads another episode; :meth:`stats` holds counts only.
+
+**Bounded memory.** At most ``max_episodes`` live buffers: a new episode evicts the least
+recently used *finished* episode, else the least recently used *idle* one (no request in
+flight, idle for ``idle_evict_s``); if every live episode is busy the new one gets 503.
+Evicted ids are remembered (bounded) so a late request or read for one answers 410 instead of
+silently restarting its turn count at 0. An episode takes at most ``max_turns`` turns (409
+after that), each entry keeps at most ``max_reasoning_chars`` characters (``truncated`` counts
+the cut ones) and request bodies are limited by the HTTP layer.
+
+Binds 127.0.0.1 by default: the buffer holds the simulator's private reasoning.
+
+    python -m mimesis_lab.rollout.shim --upstream http://127.0.0.1:8000/v1 [--host 127.0.0.1] [--port 8100]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from mimesis_lab.envs.output_format import CLOSE, OPEN, parse_reply, public_text
+from mimesis_lab.rollout.serve import BackgroundHTTPServer, HTTPError
+
+__all__ = ["EPISODE_ID_RE", "InvalidEpisodeId", "PrivilegedShim", "split_reasoning", "main"]
+
+log = logging.getLogger(__name__)
+EPISODE_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_ROUTE_RE = re.compile(r"^/ep/([^/]*)(/.*)?$")
+_BLOCK_RE = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+def split_reasoning(content: str) -> tuple[str, str, bool]:
+    """``(reasoning, utterance, well_formed)`` of a simulator reply (thinking optional).
+
+    Well-formed replies are split by :func:`parse_reply`; otherwise the utterance is
+    :func:`public_text` (every think block removed, closed or not) and the reasoning is the
+    text inside the blocks, joined by newlines. ``reasoning</think>utterance`` with no opening tag
+    (a chat template that opens ``<think>`` in the generation prompt) is split at the tag.
+    """
+    body = content.strip()
+    if OPEN not in body and body.count(CLOSE) == 1:   # the chat template opened <think> itself (Qwen3 style)
+        return split_reasoning(OPEN + body)
+    parsed = parse_reply(content, require_think=False)
+    if parsed.ok:
+        return parsed.reasoning, parsed.utterance, True
+    if parsed.error == "empty utterance" and OPEN not in content:
+        return "", "", True                       # an empty reply: no reasoning either
+    inner = [m.group(1).replace(CLOSE, "").strip() for m in _BLOCK_RE.finditer(content)]
+    reasoning = "\n".join(x for x in inner if x)
+    return reasoning, public_text(content).replace(CLOSE, "").strip(), False
+
+
+class InvalidEpisodeId(HTTPError, ValueError):
+    """An episode id outside ``[A-Za-z0-9_.:-]{1,128}`` (HTTP 400)."""
+
+    def __init__(self, episode: Any):
+        HTTPError.__init__(self, 400, f"invalid episode id {str(episode)[:40]!r} (expected [A-Za-z0-9_.:-]{{1,128}})")
+
+
+@dataclass
+class _Episode:
+    lock: threading.Lock = field(default_factory=threading.Lock)   # serialises the episode's turns
+    reasoning: list[str] = field(default_factory=list)
+    inflight: int = 0
+    finished: bool = False
+    removed: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class PrivilegedShim(BackgroundHTTPServer):
+    """The privileged proxy (module docstring). ``url`` is the shim root; episode base URLs are
+    :meth:`episode_url`. ``privileged(episode)`` reads a buffer in-process."""
+
+    def __init__(self, upstream_base_url: str, host: str = "127.0.0.1", port: int = 0, max_episodes: int = 1024,
+                 timeout_s: float = 60, max_turns: int = 512, max_reasoning_chars: int = 65536,
+                 idle_evict_s: float = 0.0, max_connections: int = 256):
+        super().__init__(host, port)
+        if max_episodes < 1 or max_turns < 1:
+            raise ValueError("max_episodes and max_turns must be >= 1")
+        self.upstream = upstream_base_url.rstrip("/")
+        self.max_episodes, self.max_turns = max_episodes, max_turns
+        self.max_reasoning_chars, self.idle_evict_s = max_reasoning_chars, idle_evict_s
+        self.timeout_s = timeout_s
+        self._client = httpx.Client(timeout=timeout_s, trust_env=False,
+                                    limits=httpx.Limits(max_connections=max_connections,
+                                                        max_keepalive_connections=max_connections))
+        self._lock = threading.Lock()     # guards _episodes, _tombstones, _stats and every buffer list
+        self._episodes: OrderedDict[str, _Episode] = OrderedDict()
+        self._tombstones: OrderedDict[str, None] = OrderedDict()
+        self._tombstone_cap = max(4096, 4 * max_episodes)
+        self._stats = dict.fromkeys(("requests", "turns", "upstream_errors", "bad_requests", "evictions",
+                                     "rejected_busy", "rejected_gone", "format_failures", "truncated",
+                                     "rolled_back", "deleted"), 0)
+
+    # -- public API
+    @property
+    def url(self) -> str:
+        return self.root
+
+    def episode_url(self, episode: str) -> str:
+        """The OpenAI base URL of one episode: ``{shim}/ep/{episode}/v1``."""
+        return f"{self.root}/ep/{self._check_id(episode)}/v1"
+
+    def privileged(self, episode: str) -> list[str]:
+        """The episode's reasoning entries in turn order (``KeyError`` if unknown or evicted)."""
+        with self._lock:
+            ep = self._episodes.get(self._check_id(episode))
+            if ep is None:
+                raise KeyError(episode)
+            return list(ep.reasoning)
+
+    def finish(self, episode: str) -> None:
+        with self._lock:
+            ep = self._episodes.get(self._check_id(episode))
+            if ep is None:
+                raise KeyError(episode)
+            ep.finished = True
+
+    def delete(self, episode: str) -> list[str] | None:
+        with self._lock:
+            ep = self._episodes.pop(self._check_id(episode), None)
+            if ep is None:
+                return None
+            ep.removed = True
+            self._stats["deleted"] += 1
+        return list(ep.reasoning)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._stats, live_episodes=len(self._episodes), max_episodes=self.max_episodes)
+
+    def stop(self) -> None:
+        super().stop()
+        self._client.close()
+
+    # -- internals
+    @staticmethod
+    def _check_id(episode: str) -> str:
+        if not isinstance(episode, str) or not EPISODE_ID_RE.fullmatch(episode):
+            raise InvalidEpisodeId(episode)
+        return episode
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._stats[key] += 1
+
+    def _evict_one(self) -> bool:
+        """Evict the LRU finished episode, else the LRU idle one (caller holds ``_lock``)."""
+        now = time.monotonic()
+        victim = next((k for k, e in self._episodes.items() if e.finished and e.inflight == 0), None)
+        if victim is None:
+            victim = next((k for k, e in self._episodes.items()
+                           if e.inflight == 0 and now - e.last_used >= self.idle_evict_s), None)
+        if victim is None:
+            return False
+        self._episodes.pop(victim).removed = True
+        self._tombstones[victim] = None
+        while len(self._tombstones) > self._tombstone_cap:
+            self._tombstones.popitem(last=False)
+        self._stats["evictions"] += 1
+        return True
+
+    def _acquire(self, episode: str) -> _Episode:
+        """Get or create the episode and mark a request in flight (raises 409/410/503)."""
+        with self._lock:
+            ep = self._episodes.get(episode)
+            if ep is None:
+                if episode in self._tombstones:
+                    self._stats["rejected_gone"] += 1
+                    raise HTTPError(410, f"episode {episode} was evicted (its buffer is gone); use a new id",
+                                    "episode_gone")
+                while len(self._episodes) >= self.max_episodes:
+                    if not self._evict_one():
+                        self._stats["rejected_busy"] += 1
+                        raise HTTPError(503, f"all {self.max_episodes} live episodes are busy; retry later",
+                                        "overloaded")
+                ep = self._episodes[episode] = _Episode()
+            elif ep.finished:
+                raise HTTPError(409, f"episode {episode} is finished", "episode_finished")
+            self._episodes.move_to_end(episode)
+            ep.inflight += 1
+            ep.last_used = time.monotonic()
+            return ep
+
+    def _release(self, ep: _Episode) -> None:
+        with self._lock:
+            ep.inflight -= 1
+            ep.last_used = time.monotonic()
+
+    def _forward(self, handler, body: dict) -> dict:
+        """POST upstream; a 502 :class:`HTTPError` on any failure (nothing is stored then)."""
+        headers = {"Content-Type": "application/json"}
+        if handler.headers.get("Authorization"):
+            headers["Authorization"] = handler.headers["Authorization"]
+        try:
+            resp = self._client.post(f"{self.upstream}/chat/completions", json=body, headers=headers)
+        except httpx.TimeoutException as e:
+            raise HTTPError(502, f"upstream timeout after {self.timeout_s}s: {type(e).__name__}", "upstream_error")
+        except httpx.HTTPError as e:
+            raise HTTPError(502, f"upstream transport error: {type(e).__name__}: {e}", "upstream_error")
+        if resp.status_code != 200:
+            raise HTTPError(502, f"upstream HTTP {resp.status_code}: {resp.text[:300]}", "upstream_error")
+        try:
+            data = resp.json()
+            choices = data["choices"]
+            if not isinstance(choices, list) or not choices:
+                raise ValueError("no choices")
+            for c in choices:
+                if not isinstance(c.get("message", {}).get("content"), str):
+                    raise ValueError("a choice has no message content")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise HTTPError(502, f"malformed upstream response: {type(e).__name__}: {e}", "upstream_error")
+        return data
+
+    def _scrub(self, data: dict) -> str:
+        """Replace every choice's content by its public utterance; return choice 0's reasoning."""
+        first = ""
+        for i, choice in enumerate(data["choices"]):
+            msg = choice["message"]
+            extra = [msg.pop(k) for k in ("reasoning_content", "reasoning") if k in msg]
+            reasoning, utterance, ok = split_reasoning(msg["content"])
+            reasoning = "\n".join(x.strip() for x in [*extra, reasoning] if isinstance(x, str) and x.strip())
+            msg["content"] = utterance
+            choice.pop("logprobs", None)
+            if i == 0:
+                first = reasoning
+                if not ok:
+                    self._count("format_failures")
+        if len(first) > self.max_reasoning_chars:
+            first = first[: self.max_reasoning_chars]
+            self._count("truncated")
+        return first
+
+    def _chat(self, handler, episode: str) -> None:
+        self._count("requests")
+        body = handler.read_json()
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise HTTPError(400, "request body must be a JSON object with a non-empty 'messages' list")
+        if body.get("stream"):
+            raise HTTPError(400, "stream=true is not supported by the privileged shim")
+        ep = self._acquire(episode)
+        try:
+            with ep.lock:                                 # one turn at a time per episode
+                if ep.removed:
+                    raise HTTPError(410, f"episode {episode} was removed while waiting", "episode_gone")
+                if len(ep.reasoning) >= self.max_turns:
+                    raise HTTPError(409, f"episode {episode} reached max_turns={self.max_turns}", "too_many_turns")
+                try:
+                    data = self._forward(handler, body)
+                except HTTPError:
+                    self._count("upstream_errors")
+                    raise
+                reasoning = self._scrub(data)
+                with self._lock:
+                    ep.reasoning.append(reasoning)
+                try:
+                    handler.send_json(200, data)
+                except OSError:                           # the client never got this turn
+                    with self._lock:
+                        ep.reasoning.pop()
+                    handler.close_connection = True
+                    self._count("rolled_back")
+                    return
+                self._count("turns")
+        finally:
+            self._release(ep)
+
+    def handle(self, handler, method: str, path: str):
+        if method == "GET" and path == "/health":
+            return 200, {"status": "ok", **self.stats()}
+        m = _ROUTE_RE.match(path)
+        if m is None:
+            raise HTTPError(404, f"no route for {method} {path}", "not_found")
+        episode, rest = m.group(1), m.group(2) or ""
+        try:
+            self._check_id(episode)
+        except HTTPError:
+            self._count("bad_requests")
+            raise
+        if method == "POST" and rest == "/v1/chat/completions":
+            self._chat(handler, episode)
+            return None, None
+        if method == "GET" and rest == "/privileged":
+            with self._lock:
+                ep, gone = self._episodes.get(episode), episode in self._tombstones
+                if ep is not None:
+                    return 200, {"episode": episode, "reasoning": list(ep.reasoning), "turns": len(ep.reasoning),
+                                 "finished": ep.finished}
+            raise (HTTPError(410, f"episode {episode} was evicted", "episode_gone") if gone
+                   else HTTPError(404, f"unknown episode {episode}", "not_found"))
+        if method == "POST" and rest == "/finish":
+            try:
+                self.finish(episode)
+            except KeyError:
+                raise HTTPError(404, f"unknown episode {episode}", "not_found") from None
+            return 200, {"episode": episode, "finished": True}
+        if method == "DELETE" and rest in ("", "/"):
+            final = self.delete(episode)
+            if final is None:
+                raise HTTPError(404, f"unknown episode {episode}", "not_found")
+            return 200, {"episode": episode, "deleted": True, "reasoning": final}
+        if method == "GET" and rest == "/v1/models":
+            try:
+                resp = self._client.get(f"{self.upstream}/models")
+                return resp.status_code, resp.json()
+            except (httpx.HTTPError, ValueError) as e:
+                raise HTTPError(502, f"upstream /models failed: {type(e).__name__}: {e}", "upstream_error")
+        raise HTTPError(404, f"no route for {method} {path}", "not_found")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mimesis_lab.rollout.shim", description=__doc__.split("\n")[0])
+    p.add_argument("--upstream", required=True, help="the simulator's OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--max-episodes", type=int, default=1024)
+    p.add_argument("--max-turns", type=int, default=512)
+    p.add_argument("--timeout-s", type=float, default=60)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)      # no line per forwarded request
+    shim = PrivilegedShim(args.upstream, host=args.host, port=args.port, max_episodes=args.max_episodes,
+                          timeout_s=args.timeout_s, max_turns=args.max_turns).start()
+    log.info("privileged shim at %s -> %s (episode base URL: %s/ep/<id>/v1)", shim.url, shim.upstream, shim.url)
+    shim.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The simulator as a gym's user side, over HTTP (SPEC §3.1/§3.3).
+
+:class:`EndpointUser` implements :class:`~mimesis_lab.envs.gyms.base.UserSide`: ``respond``
+sends the user-simulator view of the conversation to ``{base_url}/chat/completions`` through
+:class:`~mimesis_lab.rollout.backends.OpenAIBackend` and returns the public reply.
+
+In training the endpoint is the episode's own base URL on the privileged shim
+(:mod:`mimesis_lab.rollout.shim`): ``{shim}/ep/{episode}/v1``. Pass either that URL, or the
+shim root together with ``episode`` (the episode URL is then built, see :func:`episode_base_url`).
+The shim already removes the reasoning; ``respond`` applies
+:func:`~mimesis_lab.envs.output_format.public_text` again, so even a direct (unshimmed)
+endpoint never passes ``<think>`` text to the agent.
+
+Failures are data: a failed request (transport error, HTTP error after the retries, no
+content, an empty public reply) gives ``UserReply(None, error)``; a timeout's error text
+contains ``"timeout"`` so :meth:`Gym.ask_user` classifies it as a timeout.
+"""
+from __future__ import annotations
+
+import httpx
+
+from mimesis_lab.envs.gyms.base import UserReply
+from mimesis_lab.envs.output_format import public_text
+from mimesis_lab.rollout.backends import OpenAIBackend, SamplingParams
+
+__all__ = ["EndpointUser", "episode_base_url"]
+
+
+def episode_base_url(base_url: str, episode: str | None) -> str:
+    """``{shim}/ep/{episode}/v1`` from a shim root; a URL that already names the episode is kept."""
+    base = base_url.rstrip("/")
+    if episode is None or base.endswith(f"/ep/{episode}/v1"):
+        return base
+    if "/ep/" in base:
+        raise ValueError(f"{base_url} is another episode's URL, not episode {episode!r}'s")
+    return f"{base}/ep/{episode}/v1"
+
+
+class EndpointUser:
+    """A :class:`UserSide` backed by an OpenAI-compatible endpoint (normally the privileged shim).
+
+    ``sampling`` sets max tokens/temperature/top_p/seed of every request. ``timeout_s`` is the
+    per-request HTTP timeout; keep it above the shim's own upstream timeout so the shim answers
+    (502, nothing stored) before the client gives up. ``max_retries`` retries transport errors,
+    HTTP 429 and 5xx (safe through the shim: a 502 stores nothing). ``calls``/``errors`` count
+    requests and failed replies. No API key is sent unless ``api_key_env`` names one.
+    """
+
+    def __init__(self, base_url: str, model: str, episode: str | None = None,
+                 sampling: SamplingParams | None = None, timeout_s: float = 120, max_retries: int = 2,
+                 api_key_env: str | None = None, backoff_s: float = 0.5):
+        self.episode = episode
+        self.base_url = episode_base_url(base_url, episode)
+        self.model = model
+        self.sampling = sampling or SamplingParams(max_new_tokens=256, temperature=0.7)
+        self.timeout_s = timeout_s
+        self._backend = OpenAIBackend(self.base_url, model, api_key_env=api_key_env or "", timeout_s=timeout_s,
+                                      max_retries=max_retries, backoff_s=backoff_s, max_concurrency=1)
+        self.calls = 0
+        self.errors = 0
+
+    def respond(self, messages: list[dict[str, str]]) -> UserReply:
+        self.calls += 1
+        try:
+            gen = self._backend.generate([list(messages)], self.sampling)[0]
+        except Exception as e:  # the UserSide contract: failures are replies, never exceptions
+            self.errors += 1
+            kind = "timeout" if isinstance(e, httpx.TimeoutException) else "error"
+            return UserReply(None, f"user endpoint {kind}: {type(e).__name__}: {e}")
+        if not gen.ok:
+            self.errors += 1
+            err = gen.error or "unknown error"
+            if "timeout" not in err.lower() and ("ReadTimeout" in err or "timed out" in err):
+                err = f"timeout: {err}"
+            return UserReply(None, f"user endpoint: {err}")
+        text = public_text(gen.text)
+        if not text:
+            self.errors += 1
+            return UserReply(None, "user endpoint returned an empty public reply")
+        return UserReply(text)
+
+    # -- the shim's side routes (only meaningful for an episode URL on the shim)
+    def _episode_root(self) -> str:
+        if self.episode is None or not self.base_url.endswith("/v1"):
+            raise ValueError("this EndpointUser is not bound to a shim episode")
+        return self.base_url[: -len("/v1")]
+
+    def privileged(self) -> list[str]:
+        """This episode's reasoning entries from the shim (``GET {shim}/ep/{episode}/privileged``)."""
+        resp = self._backend._client.get(f"{self._episode_root()}/privileged")
+        resp.raise_for_status()
+        return list(resp.json()["reasoning"])
+
+    def finish(self) -> None:
+        """Mark the episode finished on the shim (its buffer stays readable until evicted)."""
+        self._backend._client.post(f"{self._episode_root()}/finish").raise_for_status()
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> "EndpointUser":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

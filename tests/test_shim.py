@@ -1,0 +1,439 @@
+"""The privileged shim (SPEC §3.3.1) over real loopback HTTP: think stripping, turn-aligned
+per-episode buffers, isolation, upstream failures, bounded memory, the EndpointUser user side,
+the tiny-model OpenAI server, and a concurrent load test (``-m slow``)."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import statistics
+import threading
+import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from mimesis_lab.config import ModelParams
+from mimesis_lab.envs.gyms.base import UserReply, UserSide
+from mimesis_lab.models import build_tiny_model
+from mimesis_lab.rollout.backends import SamplingParams
+from mimesis_lab.rollout.serve import ModelServer
+from mimesis_lab.rollout.shim import PrivilegedShim, split_reasoning
+from mimesis_lab.rollout.user_side import EndpointUser, episode_base_url
+
+# ----------------------------------------------------------------------------- fake upstream
+
+_TAG = re.compile(r"(EP|T|MODE)=(\S+)")
+
+
+class _FakeHandler(BaseHTTPRequestHandler):
+    """Scripted simulator: the last message ``EP=<id> T=<t> [MODE=<m>]`` decides the reply."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, status: int, raw: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        try:
+            self.wfile.write(raw)
+        except OSError:               # the shim gave up (timeout tests)
+            self.close_connection = True
+
+    def do_GET(self):
+        self._send(200, b'{"object": "list", "data": [{"id": "fake", "object": "model"}]}')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv = self.server
+        with srv.lock:
+            srv.requests += 1
+        tags = dict(_TAG.findall(body["messages"][-1]["content"]))
+        ep, t, mode = tags.get("EP", "?"), tags.get("T", "?"), tags.get("MODE", "ok")
+        if mode == "error500":
+            return self._send(500, b'{"error": {"message": "boom"}}')
+        if mode == "badjson":
+            return self._send(200, b"this is not json")
+        if mode.startswith("sleep"):
+            time.sleep(float(mode[5:]))
+        msg = {"role": "assistant", "content": {
+            "ok": f"<think>secret {ep} turn {t}</think>reply {ep} turn {t}",
+            "noreason": f"reply {ep} turn {t}",
+            "onlythink": f"<think>secret {ep} turn {t}</think>",
+            "rc": f"reply {ep} turn {t}"}.get(mode, f"<think>secret {ep} turn {t}</think>reply {ep} turn {t}")}
+        if mode == "rc":
+            msg["reasoning_content"] = f"secret {ep} turn {t}"
+        choice = {"index": 0, "message": msg, "finish_reason": "stop",
+                  "logprobs": {"content": [{"token": "<think>", "logprob": -0.1}]}}
+        out = {"id": "x", "object": "chat.completion", "model": "fake", "choices": [choice],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
+        self._send(200, json.dumps(out).encode())
+
+
+class _FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512          # listen() backlog: set before the constructor binds
+
+
+class FakeUpstream:
+    """A ThreadingHTTPServer on 127.0.0.1 answering scripted ``<think>…</think>…`` replies."""
+
+    def __init__(self, port: int = 0):
+        self.httpd = _FakeServer(("127.0.0.1", port), _FakeHandler)
+        self.httpd.lock, self.httpd.requests = threading.Lock(), 0
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    @property
+    def requests(self) -> int:
+        return self.httpd.requests
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def chat(client: httpx.Client, base: str, text: str) -> httpx.Response:
+    return client.post(f"{base}/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": text}]})
+
+
+@pytest.fixture(scope="module")
+def fake():
+    up = FakeUpstream().start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture
+def shim(fake):
+    s = PrivilegedShim(fake.url).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client():
+    with httpx.Client(timeout=30, trust_env=False) as c:
+        yield c
+
+
+# ----------------------------------------------------------------------------- shim, exact checks
+
+
+def test_split_reasoning_cases():
+    assert split_reasoning("<think>r</think>u") == ("r", "u", True)
+    assert split_reasoning("plain") == ("", "plain", True)
+    assert split_reasoning("<think>r</think>") == ("r", "", False)
+    assert split_reasoning("<think>r unclosed") == ("r unclosed", "", False)
+    assert split_reasoning("r</think>u") == ("r", "u", True)         # template opened <think>
+    assert split_reasoning("<think>a</think>b<think>c</think>d") == ("a\nc", "bd", False)
+
+
+def test_strips_think_and_stores_reasoning_in_turn_order(shim, client):
+    base = shim.episode_url("ep-a")
+    assert base == f"{shim.url}/ep/ep-a/v1" and shim.bound_host == "127.0.0.1"
+    for t in range(3):
+        r = chat(client, base, f"EP=a T={t}")
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"] == f"reply a turn {t}"
+        assert "logprobs" not in choice                      # token logprobs would spell the reasoning
+        assert "secret" not in r.text and "<think>" not in r.text
+    got = client.get(f"{shim.url}/ep/ep-a/privileged").json()
+    assert got == {"episode": "ep-a", "reasoning": [f"secret a turn {t}" for t in range(3)], "turns": 3,
+                   "finished": False}
+    assert shim.privileged("ep-a") == got["reasoning"]
+    assert shim.stats()["turns"] == 3
+
+
+def test_reply_without_reasoning_keeps_alignment(shim, client):
+    base = shim.episode_url("e1")
+    for text in ("EP=e1 T=0", "EP=e1 T=1 MODE=noreason", "EP=e1 T=2 MODE=rc", "EP=e1 T=3 MODE=onlythink"):
+        assert chat(client, base, text).status_code == 200
+    r = chat(client, base, "EP=e1 T=4 MODE=onlythink")
+    assert r.json()["choices"][0]["message"]["content"] == ""     # only reasoning: the caller decides
+    assert "reasoning_content" not in chat(client, base, "EP=e1 T=5 MODE=rc").text
+    assert shim.privileged("e1") == ["secret e1 turn 0", "", "secret e1 turn 2", "secret e1 turn 3",
+                                     "secret e1 turn 4", "secret e1 turn 5"]
+    assert shim.stats()["format_failures"] == 2
+
+
+def test_episode_isolation_interleaved(shim, client):
+    a, b = "alpha-7f3", "bravo-91c"
+    for t in range(3):
+        for ep in (a, b):
+            assert chat(client, shim.episode_url(ep), f"EP={ep} T={t}").json()["choices"][0]["message"][
+                "content"] == f"reply {ep} turn {t}"
+    for ep, other in ((a, b), (b, a)):
+        reasoning = client.get(f"{shim.url}/ep/{ep}/privileged").json()["reasoning"]
+        assert reasoning == [f"secret {ep} turn {t}" for t in range(3)]
+        assert not any(other in r for r in reasoning)
+    health = json.dumps(client.get(f"{shim.url}/health").json())
+    assert a not in health and b not in health                    # stats name no episode
+
+
+def test_upstream_error_is_502_and_buffer_unchanged(fake, client):
+    shim = PrivilegedShim(fake.url, timeout_s=0.5).start()
+    try:
+        base = shim.episode_url("e")
+        assert chat(client, base, "EP=e T=0").status_code == 200
+        for mode in ("error500", "badjson", "sleep1.5"):
+            r = chat(client, base, f"EP=e T=1 MODE={mode}")
+            assert r.status_code == 502, (mode, r.text)
+            assert r.json()["error"]["code"] == 502
+            assert shim.privileged("e") == ["secret e turn 0"]            # the turn did not happen
+        assert "timeout" in r.json()["error"]["message"]
+        assert chat(client, base, "EP=e T=1").status_code == 200
+        assert shim.privileged("e") == ["secret e turn 0", "secret e turn 1"]
+        assert shim.stats()["upstream_errors"] == 3
+    finally:
+        shim.stop()
+    dead = PrivilegedShim("http://127.0.0.1:9/v1", timeout_s=2).start()      # nothing listens on port 9
+    try:
+        r = chat(client, dead.episode_url("z"), "EP=z T=0")
+        assert r.status_code == 502 and "transport" in r.json()["error"]["message"]
+        assert dead.privileged("z") == []
+    finally:
+        dead.stop()
+
+
+def test_bad_requests(shim, client):
+    root = shim.url
+    for bad in ("a%2Fb", "x" * 129, "", "a b"):
+        r = client.post(f"{root}/ep/{bad}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code in (400, 404), bad
+        assert "error" in r.json()
+    assert client.get(f"{root}/ep/nobody/privileged").status_code == 404
+    assert client.get(f"{root}/nothing").status_code == 404
+    r = client.post(f"{root}/ep/ok/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "invalid JSON" in r.json()["error"]["message"]
+    assert client.post(f"{root}/ep/ok/v1/chat/completions", json={"model": "m"}).status_code == 400
+    assert client.post(f"{root}/ep/ok/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "EP=ok T=0"}], "stream": True}).status_code == 400
+    with pytest.raises(ValueError):
+        shim.privileged("../etc")
+    assert client.get(f"{root}/ep/ok/v1/models").json()["data"][0]["id"] == "fake"
+
+
+def test_eviction_bounds_memory(fake, client):
+    shim = PrivilegedShim(fake.url, max_episodes=3, max_turns=2).start()
+    try:
+        for i in range(10):
+            assert chat(client, shim.episode_url(f"ep{i}"), f"EP=ep{i} T=0").status_code == 200
+            assert shim.stats()["live_episodes"] <= 3
+        st = shim.stats()
+        assert st["live_episodes"] == 3 and st["evictions"] == 7
+        assert client.get(f"{shim.url}/ep/ep0/privileged").status_code == 410      # evicted, not "unknown"
+        assert chat(client, shim.episode_url("ep0"), "EP=ep0 T=1").status_code == 410   # no silent restart
+        # finished episodes go first: ep7 is the LRU, but ep8 is finished
+        assert client.post(f"{shim.url}/ep/ep8/finish").status_code == 200
+        assert chat(client, shim.episode_url("ep8"), "EP=ep8 T=1").status_code == 409
+        assert client.get(f"{shim.url}/ep/ep8/privileged").json()["finished"] is True
+        assert chat(client, shim.episode_url("new"), "EP=new T=0").status_code == 200
+        assert shim.privileged("ep7") == ["secret ep7 turn 0"]
+        with pytest.raises(KeyError):
+            shim.privileged("ep8")
+        # turn cap, then DELETE returns the final buffer and frees the slot
+        assert chat(client, shim.episode_url("new"), "EP=new T=1").status_code == 200
+        assert chat(client, shim.episode_url("new"), "EP=new T=2").status_code == 409
+        r = client.delete(f"{shim.url}/ep/new")
+        assert r.json()["reasoning"] == ["secret new turn 0", "secret new turn 1"]
+        assert shim.stats()["live_episodes"] == 2
+    finally:
+        shim.stop()
+
+
+def test_busy_episodes_are_not_evicted(fake, client):
+    shim = PrivilegedShim(fake.url, max_episodes=1).start()
+    try:
+        t = threading.Thread(target=chat, args=(client, shim.episode_url("slow"), "EP=slow T=0 MODE=sleep0.8"))
+        t.start()
+        time.sleep(0.3)
+        r = chat(client, shim.episode_url("other"), "EP=other T=0")
+        assert r.status_code == 503 and shim.stats()["rejected_busy"] == 1
+        t.join()
+        assert shim.privileged("slow") == ["secret slow turn 0"]
+    finally:
+        shim.stop()
+
+
+# ----------------------------------------------------------------------------- tiny model server + EndpointUser
+
+CFG = ModelParams(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def model_server():
+    from mimesis_lab.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["hello world, how can I help you with your order today?",
+                           "<think>I want a refund</think>I want a refund for my shipping."] * 20,
+                          vocab_size=300, min_frequency=1)
+    model = build_tiny_model(CFG, len(tok), tok.pad_token_id, tok.eos_token_id).eval()
+    srv = ModelServer(model, tok, model_name="tiny").start()
+    yield srv
+    srv.stop()
+
+
+def test_model_server_api(model_server, client):
+    url = model_server.url
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+    assert client.get(f"{url}/models").json()["data"][0]["id"] == "tiny"
+    assert client.get(f"{model_server.root}/health").json()["status"] == "ok"
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0,
+            "stop_token_ids": [], "logprobs": True}
+    a, b = client.post(f"{url}/chat/completions", json=body).json(), client.post(f"{url}/chat/completions", json=body).json()
+    assert a["object"] == "chat.completion" and a["choices"][0]["message"]["role"] == "assistant"
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]      # greedy
+    assert a["choices"][0]["finish_reason"] == "length" and a["usage"]["completion_tokens"] == 6
+    assert len(a["choices"][0]["logprobs"]["content"]) == 6
+    assert client.post(f"{url}/chat/completions", content=b"nope").status_code == 400
+    assert client.post(f"{url}/chat/completions", json={"max_tokens": 3}).status_code == 400
+    assert client.post(f"{url}/chat/completions", json=body | {"temperature": -1}).status_code == 400
+    r = client.post(f"{url}/completions", json={"prompt": [1, 5, 7], "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_endpoint_user_round_trip_through_shim(model_server, client):
+    shim = PrivilegedShim(model_server.url).start()
+    try:
+        params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=[])
+        user = EndpointUser(shim.url, "tiny", episode="run1:ep-0", sampling=params, timeout_s=30)
+        assert isinstance(user, UserSide) and user.base_url == f"{shim.url}/ep/run1:ep-0/v1"
+        assert episode_base_url(user.base_url, "run1:ep-0") == user.base_url
+        view = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "How can I help?"}]
+        replies = [user.respond(view[: 2 + i]) for i in range(2)]
+        direct = client.post(f"{model_server.url}/chat/completions",
+                             json={"messages": view, "max_tokens": 8, "temperature": 0, "stop_token_ids": []}).json()
+        reasoning, utterance, _ = split_reasoning(direct["choices"][0]["message"]["content"])
+        for rep in replies:
+            assert isinstance(rep, UserReply)
+            if rep.text is None:                        # a random model may emit only reasoning
+                assert utterance == "" and rep.error
+            else:
+                assert rep.text == utterance and "<think>" not in rep.text
+        assert user.privileged() == [reasoning, reasoning]          # one entry per turn, "" included
+        user.finish()
+        user.close()
+        # failures are replies: an upstream timeout says "timeout"
+        slow = PrivilegedShim(FakeUpstream().start().url, timeout_s=0.2).start()
+        try:
+            u = EndpointUser(slow.url, "fake", episode="t", max_retries=0, timeout_s=10)
+            rep = u.respond([{"role": "user", "content": "EP=t T=0 MODE=sleep0.6"}])
+            assert rep.text is None and "timeout" in rep.error.lower()
+            assert EndpointUser(slow.url, "fake", episode="t2").respond(
+                [{"role": "user", "content": "EP=t2 T=0"}]) == UserReply("reply t2 turn 0")
+        finally:
+            slow.stop()
+    finally:
+        shim.stop()
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def run_load(base_of, episodes: int, turns: int, workers: int, client: httpx.Client, check_url=None,
+             finish=None, tag: str = "L") -> tuple[list[float], float, list[str]]:
+    """``episodes`` episodes of ``turns`` turns on ``workers`` threads; returns (latencies, wall, failures)."""
+    lat: list[float] = []
+    fails: list[str] = []
+    lock = threading.Lock()
+
+    def episode(i: int) -> None:
+        ep = f"{tag}{i}-{os.urandom(3).hex()}"
+        mine = []
+        for t in range(turns):
+            t0 = time.perf_counter()
+            r = chat(client, base_of(ep), f"EP={ep} T={t}")
+            mine.append(time.perf_counter() - t0)
+            if r.status_code != 200 or r.json()["choices"][0]["message"]["content"] != f"reply {ep} turn {t}":
+                fails.append(f"{ep} t{t}: {r.status_code} {r.text[:120]}")
+        if check_url is not None:
+            got = client.get(check_url(ep)).json().get("reasoning")
+            if got != [f"secret {ep} turn {t}" for t in range(turns)]:
+                fails.append(f"{ep} privileged: {got}")
+        if finish is not None:
+            finish(ep)
+        with lock:
+            lat.extend(mine)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(episode, range(episodes)))
+    return lat, time.perf_counter() - t0, fails
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else xs[0]
+
+
+@pytest.mark.slow
+def test_load_concurrent_episodes():
+    workers, episodes, turns, max_episodes = 64, 256, 4, 64
+    up = FakeUpstream().start()
+    shim = PrivilegedShim(up.url, max_episodes=max_episodes).start()
+    try:
+        with httpx.Client(timeout=30, trust_env=False,
+                          limits=httpx.Limits(max_connections=workers, max_keepalive_connections=workers)) as c:
+            lat, wall, fails = run_load(shim.episode_url, episodes, turns, workers, c,
+                                        check_url=lambda ep: f"{shim.url}/ep/{ep}/privileged",
+                                        finish=lambda ep: c.post(f"{shim.url}/ep/{ep}/finish"))
+            st = shim.stats()
+            n = episodes * turns
+            print(f"\n[shim load] {episodes} episodes x {turns} turns, {workers} concurrent: {n} chat requests in "
+                  f"{wall:.2f}s = {n / wall:.0f} req/s; latency p50 {pct(lat, 50) * 1e3:.1f} ms, "
+                  f"p95 {pct(lat, 95) * 1e3:.1f} ms; live {st['live_episodes']}, evictions {st['evictions']}")
+            assert fails == [], fails[:5]
+            assert wall < 30
+            assert len(lat) == n and st["requests"] == n and st["turns"] == n and up.requests == n
+            assert st["upstream_errors"] == 0 and st["rejected_busy"] == 0 and st["rolled_back"] == 0
+            assert st["live_episodes"] <= max_episodes and st["evictions"] >= episodes - max_episodes
+
+            # memory: repeated rounds of finished+deleted episodes leave no growth
+            def round_(tag):
+                for ep in list(shim._episodes):
+                    shim.delete(ep)
+                run_load(shim.episode_url, 64, turns, workers, c, tag=tag,
+                         finish=lambda ep: c.delete(f"{shim.url}/ep/{ep}"))
+
+            tracemalloc.start()
+            round_("w")
+            gc.collect()
+            base_py, base_rss = tracemalloc.get_traced_memory()[0], _rss_bytes()
+            for k in range(3):
+                round_(f"m{k}")
+            gc.collect()
+            grow_py, grow_rss = tracemalloc.get_traced_memory()[0] - base_py, _rss_bytes() - base_rss
+            tracemalloc.stop()
+            print(f"[shim load] after 3x64 more episodes (deleted): traced Python memory {grow_py / 1024:+.0f} KiB, "
+                  f"RSS {grow_rss / 2**20:+.1f} MiB; live {shim.stats()['live_episodes']}")
+            assert shim.stats()["live_episodes"] == 0
+            assert grow_py < 2 * 2**20 and grow_rss < 64 * 2**20
+    finally:
+        shim.stop()
+        up.stop()
