@@ -48,4 +48,4 @@ bench: setup
 	$(PY) bench/bench_data_stages.py
 
 clean-outputs:
-	rm -rf data/processed data/quarantine data/splits metrics/*.json
+	rm -rf data/processed data/quarantine data/splits data/gyms metrics/*.json

@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions of both runs (medians reported)")
+    ap.add_argument("--prefix-cache", type=int, default=65536,
+                    help="prefix-cache tokens of the backend in BOTH runs (0 = off)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,11 +89,12 @@ def main(argv=None) -> int:
     t_b, t_s = [], []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        batched = run_episodes(episodes(), ids, TransformersBackend(model, tok, batch_size=args.batch_size), tok,
+        batched = run_episodes(episodes(), ids, TransformersBackend(model, tok, batch_size=args.batch_size,
+                                                   prefix_cache_tokens=args.prefix_cache), tok,
                                sampling, require_think=cfg.require_think,
                                max_prompt_tokens=cfg.rollout.max_prompt_tokens)
         t_b.append(time.perf_counter() - t0)
-        one = TransformersBackend(model, tok, batch_size=1)
+        one = TransformersBackend(model, tok, batch_size=1, prefix_cache_tokens=args.prefix_cache)
         t0 = time.perf_counter()
         single = []
         for i, ep in enumerate(episodes()):
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
 
     res = {
         "model": source, "groups": args.groups, "rollouts_per_group": args.rollouts, "episodes": len(groups),
-        "batch_size": args.batch_size,
+        "batch_size": args.batch_size, "prefix_cache_tokens": args.prefix_cache,
         "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
         "tasks": {d: sum(g.get("data_source") == d for g in groups) for d in rows},
         "batched_s": round(t_batched, 3), "one_at_a_time_s": round(t_single, 3),

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mimesis_lab.envs.gyms.registry import ALL_GYMS, TRAIN_GYMS
+
 DEFAULT_PARAMS = Path("params.yaml")
 
 
@@ -134,6 +136,49 @@ class SplitsParams(Section):
         return v
 
 
+class GymsParams(Section):
+    """The UserRL rows of the agent gyms (SPEC §3.1): train on five gyms, evaluate on all eight."""
+
+    tasks: dict[str, str | None] = Field(
+        default_factory=lambda: {g: None for g in ALL_GYMS},
+        description="Gym name -> task file (JSON) its rows are built from; null (or a gym left out) = the gym's "
+        f"bundled file under data/raw/gyms/<gym>/. Gym names: {', '.join(ALL_GYMS)}.")
+    train_gyms: list[str] = Field(
+        default_factory=lambda: list(TRAIN_GYMS),
+        description="Gyms whose tasks are split into train/val (agent training); every other gym is held out and "
+        "all its tasks go to test.")
+    val_fraction: float = Field(
+        0.15, ge=0, lt=1, description="Share of each training gym's tasks in val: max(1, round(val_fraction * n)) "
+        "tasks, and at least one task stays in train.")
+    seed: int = Field(1234, description="Seed of the per-gym shuffle of task ids that picks the val tasks.")
+    output_dir: str = Field("data/gyms", description="Writes <output_dir>/{train,val,test}.parquet.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_gyms(cls, v: dict[str, str | None]) -> dict[str, str | None]:
+        unknown = sorted(set(v) - set(ALL_GYMS))
+        if unknown:
+            raise ValueError(f"unknown gym(s) {unknown}; known: {list(ALL_GYMS)}")
+        return v
+
+    @field_validator("train_gyms")
+    @classmethod
+    def _train_gyms_known(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("train_gyms must name at least one gym")
+        unknown = [g for g in v if g not in ALL_GYMS]
+        if unknown:
+            raise ValueError(f"unknown gym(s) {unknown}; known: {list(ALL_GYMS)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"train_gyms has duplicates: {v}")
+        return v
+
+    @property
+    def held_out_gyms(self) -> tuple[str, ...]:
+        """Gyms not trained on (test only), in registry order."""
+        return tuple(g for g in ALL_GYMS if g not in self.train_gyms)
+
+
 class ValidateParams(Section):
     report: str = Field("metrics/validate.json", description="Per-suite great-expectations results.")
     fail_on_error: bool = Field(True, description="Exit non-zero when any expectation fails.")
@@ -230,6 +275,8 @@ class RolloutParams(Section):
     max_prompt_tokens: int = Field(1536, gt=8, description="A longer simulator prompt ends the episode as "
                                    "invalid `context_overflow`.")
     gpu_memory_utilization: float = Field(0.4, gt=0, lt=1, description="vLLM only.")
+    prefix_cache_tokens: int = Field(65536, ge=0, description="transformers backend: KV of finished turns kept "
+                                     "(tokens) and reused by the episode's next prompt within a step; 0 = off.")
 
 
 class JudgeParams(Section):
@@ -296,6 +343,7 @@ class Params(Section):
     thoughttrace: ThoughtTraceParams = Field(default_factory=ThoughtTraceParams, description="ThoughtTrace SFT data.")
     behaviors: BehaviorsParams = Field(default_factory=BehaviorsParams, description="Behaviour annotation and tasks.")
     splits: SplitsParams = Field(default_factory=SplitsParams, description="Leakage-safe grouped splits.")
+    gyms: GymsParams = Field(default_factory=GymsParams, description="UserRL rows of the agent gyms.")
     tokenizer: TokenizerParams = Field(default_factory=TokenizerParams, description="Tokenizer stage.")
     model: ModelParams = Field(default_factory=ModelParams, description="Simulator model architecture/checkpoint.")
     midtrain: TrainParams | None = Field(None, description="User-side mid-training (role-swapped chats).")

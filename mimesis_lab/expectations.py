@@ -20,10 +20,13 @@ from typing import Any, Callable, Mapping
 import polars as pl
 
 from mimesis_lab.config import Params
+from mimesis_lab.envs.gyms.registry import ALL_GYMS
 
 ROLES = ("system", "user", "assistant")
 BEHAVIOR_IDS = tuple(f"B{i}" for i in range(1, 14)) + ("N",)
 ANNOTATORS = ("rule", "openai")
+GYM_SOURCES = tuple(f"interact_{g}" for g in ALL_GYMS)
+GYM_SPLITS = ("train", "val", "test")
 THINK_RE = r"(?s)^<think>.*</think>"
 
 MESSAGES = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
@@ -370,6 +373,98 @@ def split_spec(params: Params, dataset: str, split: str) -> Spec:
     )
 
 
+# --- gyms: the UserRL rows of the agent gyms -------------------------------------------------------
+
+def _json_at_equals(col: str, path: tuple[str, ...], target: str) -> Compute:
+    """``json.loads(col)[path…]`` exists and equals the ``target`` column (as a string)."""
+    def compute(df: pl.DataFrame, env: Env) -> pl.Series:
+        out = []
+        for v, want in zip(df.get_column(col).to_list(), df.get_column(target).to_list()):
+            try:
+                x = json.loads(v)
+                for key in path:
+                    x = x[key]
+                out.append(x is not None and not isinstance(x, (dict, list)) and str(x) == want)
+            except (TypeError, ValueError, KeyError, IndexError):
+                out.append(False)
+        return pl.Series(out, dtype=pl.Boolean)
+    return compute
+
+
+def _task_key() -> pl.Expr:
+    return pl.col("data_source").cast(pl.String) + pl.lit(":") + pl.col("task_id").cast(pl.String)
+
+
+def _gym_leaked(df: pl.DataFrame, env: Env) -> pl.Expr:
+    leaked = env.get("gym_leaked_keys")
+    if leaked is None:
+        raise Skip("the gyms split files are not all available")
+    return _task_key().is_in(leaked.implode()).fill_null(False)
+
+
+def gym_leaked_keys(key_frames: list[tuple[str, pl.DataFrame]]) -> pl.Series:
+    """``data_source:task_id`` keys that occur in more than one split (frames need those two columns)."""
+    parts = [df.select(_task_key().alias("key")).drop_nulls().unique().with_columns(pl.lit(split).alias("split"))
+             for split, df in key_frames]
+    if not parts:
+        return pl.Series("key", [], dtype=pl.String)
+    keys = pl.concat(parts)
+    return keys.group_by("key").agg(pl.col("split").n_unique().alias("n")).filter(pl.col("n") > 1).get_column("key")
+
+
+def gyms_spec(params: Params, split: str) -> Spec:
+    """``<gyms.output_dir>/<split>.parquet``: UserRL rows; training gyms only in train/val, held-out only in test."""
+    g = params.gyms
+    held_out = list(g.held_out_gyms)
+    allowed = list(g.train_gyms) if split in ("train", "val") else held_out
+    where = "training gyms (gyms.train_gyms)" if split in ("train", "val") else f"held-out gyms {held_out}"
+    extra_info_shown = {"extra_info": pl.col("extra_info").str.slice(0, 120)}
+    checks = (
+        in_set("data_source", GYM_SOURCES, "one of the eight interact_<gym> sources"),
+        in_set("gym", ALL_GYMS),
+        in_set("split", [split], "the split column equals the file's split"),
+        in_set("ability", ["interaction"]),
+        unique("task_key", "no (data_source, task_id) twice in this split"),
+    )
+    if allowed:
+        checks += (Check("ExpectColumnDistinctValuesToContainSet", "gym", {"value_set": allowed},
+                         f"every one of the {where} has >= 1 task in {split}"),)
+    return Spec(
+        name=f"gyms/{split}",
+        columns={"data_source": "str", "gym": "str", "task_id": "str", "split": "str", "prompt": MESSAGES,
+                 "ability": "str", "reward_model": "str", "extra_info": "str"},
+        key=("data_source", "task_id"),
+        min_rows=1 if allowed else 0,
+        checks=checks,
+        derived=(
+            Derived("task_key", _task_key(), None, "data_source:task_id"),
+            Derived("gym_matches_source", (pl.col("data_source") == pl.lit("interact_") + pl.col("gym")),
+                    doc="data_source == interact_<gym>", show={"gym": pl.col("gym")}),
+            Derived("gym_allowed_in_split", pl.col("gym").is_in(allowed),
+                    doc=f"{split} holds only {where}" + ("; no held-out gym" if split != "test" else ""),
+                    show={"gym": pl.col("gym")}),
+            Derived("prompt_nonempty", pl.col("prompt").list.len() > 0, doc="the prompt has >= 1 message"),
+            Derived("prompt_roles_valid", _roles("prompt").list.eval(pl.element().is_in(list(ROLES)).all())
+                    .list.first().fill_null(False), doc=f"prompt roles are in {list(ROLES)}",
+                    show={"roles": _roles("prompt").list.join(",")}),
+            Derived("reward_model_is_object", _json_ok("reward_model", dict),
+                    doc="reward_model parses as a JSON object", show={"reward_model": pl.col("reward_model")
+                                                                      .str.slice(0, 120)}),
+            Derived("extra_info_is_object", _json_ok("extra_info", dict),
+                    doc="extra_info parses as a JSON object", show=extra_info_shown),
+            Derived("create_kwargs_id_matches",
+                    _json_at_equals("extra_info", ("tools_kwargs", "interact_with_env", "create_kwargs", "id"),
+                                    "task_id"),
+                    doc="extra_info.tools_kwargs.interact_with_env.create_kwargs.id == task_id",
+                    show=extra_info_shown),
+            Derived("extra_info_split_matches", _json_at_equals("extra_info", ("split",), "split"),
+                    doc="extra_info.split == split", show=extra_info_shown),
+            Derived("in_two_splits", _gym_leaked, (False,),
+                    "no (data_source, task_id) of this row occurs in another gyms split"),
+        ),
+    )
+
+
 def quarantine_spec(stage: str) -> Spec:
     return Spec(
         name=f"quarantine/{stage}",
@@ -377,6 +472,10 @@ def quarantine_spec(stage: str) -> Spec:
         key=("source_file", "row"),
         checks=(between("row", 1), regex("reason", r"^[^:]+:", "a reason starts with `<kind>:`")),
     )
+
+
+# Stage metrics that must be 0 (a stage-internal invariant recorded in metrics/<stage>.json).
+METRIC_ZEROS: dict[str, tuple[str, ...]] = {"gyms": ("leaked_task_keys",)}
 
 
 def metrics_spec(stage: str) -> Spec:
@@ -391,12 +490,14 @@ def metrics_spec(stage: str) -> Spec:
                 "rows_quarantined == the quarantine file's row count"),
     )
     cols = ("rows_in", "rows_out", "rows_quarantined", "quarantine_by_reason_total")
+    zero = METRIC_ZEROS.get(stage, ())
     return Spec(
         name=f"metrics/{stage}",
-        columns={"stage": "str", **{c: "int" for c in cols}},
+        columns={"stage": "str", **{c: "int" for c in cols + zero}},
         key=("stage",),
         min_rows=1,
-        checks=tuple(between(c, 0) for c in cols),
+        checks=tuple(between(c, 0) for c in cols) + tuple(
+            between(c, 0, 0, f"{c} == 0 (checked by the stage itself)") for c in zero),
         derived=gaps,
     )
 

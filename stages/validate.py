@@ -4,7 +4,8 @@
 
 One suite per output (``role_swap``, ``thoughttrace``, ``behavior_annotations``,
 ``behavior_frequencies``, ``behavior_tasks``), per split file (``splits/<dataset>/<split>``),
-per quarantine file (``quarantine/<stage>``) and per stage metrics file (``metrics/<stage>``);
+per agent-gym split file (``gyms/<split>``), per quarantine file (``quarantine/<stage>``) and
+per stage metrics file (``metrics/<stage>``);
 ``role_swap`` and ``thoughttrace`` also get ``<name>.messages`` over their flattened messages.
 The suites are specified in :mod:`mimesis_lab.expectations`. Each file is read with polars,
 the derived invariant columns are added there, and the frame is converted to pandas once.
@@ -40,7 +41,7 @@ from stages.common import metrics_path, quarantine_path  # noqa: E402
 log = logging.getLogger("mimesis.stages")
 
 STAGE = "validate"
-DATA_STAGES = ("role_swap", "thoughttrace", "behaviors", "splits")
+DATA_STAGES = ("role_swap", "thoughttrace", "behaviors", "splits", "gyms")
 OUTPUT_ROWS_STAGES = ("role_swap", "thoughttrace")  # stages whose rows_out is their one output's row count
 N_UNEXPECTED = 5       # unexpected values / example rows kept per failure
 MAX_CHARS = 200        # long values (raw records, contents) are cut in the report
@@ -104,6 +105,10 @@ def split_paths(params: Params) -> list[tuple[str, str, Path]]:
     return [(ds, split, Path(s.output_dir) / ds / f"{split}.parquet") for ds in s.datasets for split in s.fractions]
 
 
+def gym_paths(params: Params) -> list[tuple[str, Path]]:
+    return [(split, Path(params.gyms.output_dir) / f"{split}.parquet") for split in X.GYM_SPLITS]
+
+
 def _or_none(fn: Callable[[], Any]) -> Any:
     """Cross-file inputs are best effort: a broken file is reported by its own suite."""
     try:
@@ -137,6 +142,27 @@ def _leaked_keys(params: Params) -> pl.Series | None:
     return X.leaked_keys(frames) if frames else None
 
 
+def _gym_leaked_keys(params: Params) -> pl.Series | None:
+    """Task keys in two gyms splits, or None unless every split file is readable (then the check is skipped)."""
+    frames = []
+    for split, path in gym_paths(params):
+        frame = _or_none(lambda: pl.read_parquet(path, columns=["data_source", "task_id"])) if path.is_file() else None
+        if frame is None:
+            return None
+        frames.append((split, frame))
+    return X.gym_leaked_keys(frames)
+
+
+def _output_rows(params: Params, stage: str, outputs: dict[str, str]) -> int | None:
+    """rows_out as counted from the stage's output files (None where that is not one count)."""
+    if stage in OUTPUT_ROWS_STAGES:
+        return _n_rows(Path(outputs[stage]))
+    if stage == "gyms":
+        counts = [_n_rows(path) for _, path in gym_paths(params)]
+        return None if None in counts else sum(counts)
+    return None
+
+
 def _metrics_frame(stage: str, path: Path) -> pl.DataFrame:
     m = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(m, dict):
@@ -145,7 +171,7 @@ def _metrics_frame(stage: str, path: Path) -> pl.DataFrame:
     total = sum(by_reason.values()) if isinstance(by_reason, dict) and all(
         isinstance(v, int) for v in by_reason.values()) else None
     row = {"stage": stage, **{k: m.get(k) for k in ("rows_in", "rows_out", "rows_quarantined")},
-           "quarantine_by_reason_total": total}
+           "quarantine_by_reason_total": total, **{k: m.get(k) for k in X.METRIC_ZEROS.get(stage, ())}}
     return pl.DataFrame([row], strict=False)
 
 
@@ -163,13 +189,17 @@ def targets(params: Params) -> list[Target]:
         out.append(Target(spec, path, env=lambda spec=spec, src=src: {
             "leaked_keys": leaked(), "dataset_ids": _ids(src, spec.key[0])}))
 
+    gym_leaked = lru_cache(maxsize=1)(lambda: _gym_leaked_keys(params))
+    for split, path in gym_paths(params):
+        out.append(Target(X.gyms_spec(params, split), path, env=lambda: {"gym_leaked_keys": gym_leaked()}))
+
     out += [Target(X.quarantine_spec(stage), quarantine_path(stage)) for stage in DATA_STAGES]
     for stage in DATA_STAGES:
         path = metrics_path(stage)
         out.append(Target(X.metrics_spec(stage), path, frame=lambda stage=stage, path=path: _metrics_frame(stage, path),
                           env=lambda stage=stage: {
                               "quarantine_rows": _n_rows(quarantine_path(stage)),
-                              "output_rows": _n_rows(Path(outputs[stage])) if stage in OUTPUT_ROWS_STAGES else None}))
+                              "output_rows": _output_rows(params, stage, outputs)}))
     return out
 
 

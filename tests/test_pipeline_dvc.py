@@ -22,7 +22,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-DATA_STAGES = ["role_swap", "thoughttrace", "behaviors", "splits", "validate"]
+DATA_STAGES = ["role_swap", "thoughttrace", "behaviors", "splits", "gyms", "validate"]
 
 
 def _env() -> dict[str, str]:
@@ -65,14 +65,18 @@ def project(tmp_path_factory) -> Path:
 
 def test_full_run_accounts_for_every_row(project):
     assert _ran(project.joinpath("first_run.log").read_text()) == set(DATA_STAGES)
-    for stage in ["role_swap", "thoughttrace", "behaviors", "splits"]:
+    for stage in ["role_swap", "thoughttrace", "behaviors", "splits", "gyms"]:
         m = json.loads((project / "metrics" / f"{stage}.json").read_text())
         assert m["rows_in"] == m["rows_out"] + m["rows_quarantined"], stage
         assert (project / "data" / "quarantine" / f"{stage}.parquet").exists()
     tt = json.loads((project / "metrics" / "thoughttrace.json").read_text())
     assert tt["quarantine_by_reason"].get("non-alternating", 0) >= 1
+    gy = json.loads((project / "metrics" / "gyms.json").read_text())
+    assert all(gy["sizes"][s] > 0 for s in ("train", "val", "test"))
+    assert all((project / "data" / "gyms" / f"{s}.parquet").exists() for s in ("train", "val", "test"))
     v = json.loads((project / "metrics" / "validate.json").read_text())
     assert v["suites"] and all(s["success"] for s in v["suites"].values())
+    assert {"gyms/train", "gyms/val", "gyms/test", "metrics/gyms"} <= set(v["suites"])
 
 
 def test_second_repro_is_a_fast_noop(project):
@@ -91,6 +95,10 @@ def test_param_change_reruns_only_dependants(project):
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out, _ = _repro(project, "validate")
     assert _ran(out) == {"thoughttrace", "behaviors", "splits", "validate"}, out
+    params["gyms"]["seed"] = params["gyms"]["seed"] + 1
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out, _ = _repro(project, "validate")
+    assert _ran(out) == {"gyms", "validate"}, out
 
 
 def test_stage_runs_recorded_in_mlflow(project):

@@ -159,6 +159,28 @@ def test_shared_prompts_and_early_finishers(backend, tok):
         assert g.finish_reason == ("stop" if stop_tok in a.token_ids else "length")
 
 
+def test_prefix_cache_reuses_kv_without_changing_outputs(backend, tok):
+    """A multi-turn prompt that extends an earlier prompt + reply reuses its KV: same greedy ids and
+    log-probs (to 1e-4) as a fresh prefill; the cache is dropped when the weights change."""
+    cached = TransformersBackend(backend.model, tok, batch_size=4, prefix_cache_tokens=10_000)
+    p = SamplingParams(max_new_tokens=10, temperature=0, stop_token_ids=[])
+    first = cached.generate(CHATS, p)
+    nxt = [list(g.prompt_ids) + list(g.token_ids) + tok.encode("<|im_end|>\n<|im_start|>user\nand then?<|im_end|>\n"
+                                                              "<|im_start|>assistant\n", add_special_tokens=False)
+           for g in first]
+    fresh = backend.generate_ids(nxt, p)
+    again = cached.generate_ids(nxt, p)
+    assert cached.prefix_cache.hits >= 3 and cached.prefix_cache.reused_tokens > 0
+    for a, b in zip(fresh, again):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5, stop_token_ids=[])
+    assert [g.token_ids for g in cached.generate_ids(nxt, sampled)] == \
+        [g.token_ids for g in backend.generate_ids(nxt, sampled)]
+    cached.update_weights(backend.model)
+    assert not cached.prefix_cache.entries
+
+
 def test_update_weights_and_empty_prompt(tok):
     b = TransformersBackend(_model(tok, seed=1), tok)
     target = _model(tok, seed=2)

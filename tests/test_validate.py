@@ -79,6 +79,26 @@ def tasks() -> pl.DataFrame:
     })
 
 
+TRAIN_GYMS = ("travel", "turtle", "function", "tau", "persuade")
+HELD_OUT = ("intention", "telepathy", "search")
+
+
+def gym_rows(split: str) -> pl.DataFrame:
+    """One UserRL row per gym allowed in ``split`` (task ids differ per split)."""
+    gyms = HELD_OUT if split == "test" else TRAIN_GYMS
+    rows = []
+    for i, g in enumerate(gyms):
+        tid = f"{g}-{split}-1"
+        rows.append({
+            "data_source": f"interact_{g}", "gym": g, "task_id": tid, "split": split,
+            "prompt": m(("system", "you are an agent"), ("user", "help me")), "ability": "interaction",
+            "reward_model": json.dumps({"env_name": g, "ground_truth": "x", "id": tid, "style": "rule"}),
+            "extra_info": json.dumps({"split": split, "index": i, "need_tools_kwargs": True, "tools_kwargs": {
+                "interact_with_env": {"create_kwargs": {"env_name": g, "id": tid}}}}),
+        })
+    return pl.DataFrame(rows, schema_overrides={"prompt": MSG})
+
+
 QUARANTINE = pl.DataFrame({"source_file": ["data/raw/wildchat/wildchat_general.jsonl"], "row": [2],
                            "reason": ["malformed JSON: line 2"], "raw": ["{oops"]})
 
@@ -95,13 +115,16 @@ def write_project(root: Path, edit: Callable[[dict], None] | None = None) -> Non
     for name, df in (("role_swap", role_swap()), ("thoughttrace", thoughttrace()), ("behavior_tasks", tasks())):
         for split, idx in (("train", [0]), ("val", []), ("test", [1])):
             files[f"data/splits/{name}/{split}.parquet"] = df[idx].with_columns(pl.lit(split).alias("split"))
+    for split in ("train", "val", "test"):
+        files[f"data/gyms/{split}.parquet"] = gym_rows(split)
     for stage in validate.DATA_STAGES:
         q = QUARANTINE if stage == "role_swap" else QUARANTINE.clear()
         files[f"data/quarantine/{stage}.parquet"] = q
-        rows_out = {"role_swap": 2, "thoughttrace": 2, "behaviors": 2, "splits": 6}[stage]
+        rows_out = {"role_swap": 2, "thoughttrace": 2, "behaviors": 2, "splits": 6, "gyms": 13}[stage]
         files[f"metrics/{stage}.json"] = {"rows_in": rows_out + q.height, "rows_out": rows_out,
                                           "rows_quarantined": q.height,
                                           "quarantine_by_reason": {"malformed JSON": 1} if q.height else {}}
+    files["metrics/gyms.json"]["leaked_task_keys"] = 0
     if edit:
         edit(files)
     (root / "params.yaml").write_text(PARAMS)
@@ -139,12 +162,14 @@ def test_valid_outputs_pass_every_suite(tmp_path, monkeypatch, capsys, runner):
                 "behavior_frequencies", "behavior_tasks"}
     expected |= {f"splits/{d}/{s}" for d in ("role_swap", "thoughttrace", "behavior_tasks")
                  for s in ("train", "val", "test")}
+    expected |= {f"gyms/{s}" for s in ("train", "val", "test")}
     expected |= {f"{kind}/{st}" for kind in ("quarantine", "metrics") for st in validate.DATA_STAGES}
     assert set(report["suites"]) == expected
     assert report["evaluated"] > 300 and report["failed"] == 0
     for name, suite in report["suites"].items():
         assert suite["success"] and suite["evaluated"] > 0 and suite["failed"] == 0, name
     assert report["suites"]["behavior_annotations"]["skipped"] == {}
+    assert report["suites"]["gyms/train"]["skipped"] == {} and report["suites"]["gyms/test"]["rows"] == 3
     assert report["suites"]["splits/role_swap/val"]["rows"] == 0
 
 
@@ -172,6 +197,14 @@ def _leak(df: pl.DataFrame) -> pl.DataFrame:
 
 def _accounting(metrics: dict) -> dict:
     return {**metrics, "rows_in": 10}
+
+
+def _held_out_in_train(df: pl.DataFrame) -> pl.DataFrame:
+    return pl.concat([df, gym_rows("test").head(1).with_columns(pl.lit("train").alias("split"))])
+
+
+def _gym_leak(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(pl.lit("travel-train-1").alias("task_id"))
 
 
 BROKEN = {
@@ -215,6 +248,15 @@ BROKEN = {
     "extra_column": (
         _set("data/processed/behavior_frequencies.parquet", lambda df: df.with_columns(pl.lit(1).alias("extra"))),
         "behavior_frequencies", "expect_table_columns_to_match_set", "extra", "unexpected ['extra']"),
+    "held_out_gym_in_train": (
+        _set("data/gyms/train.parquet", _held_out_in_train),
+        "gyms/train", "expect_column_values_to_be_in_set", "gym_allowed_in_split", "intention"),
+    "gym_task_in_two_splits": (
+        _set("data/gyms/val.parquet", _gym_leak),
+        "gyms/val", "expect_column_values_to_be_in_set", "in_two_splits", "travel-train-1"),
+    "gym_leak_metric": (
+        _set("metrics/gyms.json", lambda d: {**d, "leaked_task_keys": 2}),
+        "metrics/gyms", "expect_column_values_to_be_between", "leaked_task_keys", "leaked_task_keys == 0"),
     "wrong_row_type": (
         _set("data/quarantine/thoughttrace.parquet", lambda df: df.with_columns(pl.col("row").cast(pl.String))),
         "quarantine/thoughttrace", "expect_column_values_to_be_of_type", "row", "observed"),

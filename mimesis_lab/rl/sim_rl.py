@@ -110,7 +110,8 @@ def _make_backend(cfg: Any, engine, tokenizer):
     if cfg.rollout.backend == "vllm":
         return VLLMBackend(cfg.init_from, tokenizer=tokenizer,
                            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
-    return TransformersBackend(engine.module, tokenizer, batch_size=cfg.rollout.batch_size)
+    return TransformersBackend(engine.module, tokenizer, batch_size=cfg.rollout.batch_size,
+                               prefix_cache_tokens=cfg.rollout.prefix_cache_tokens)
 
 
 def policy_state_dict(engine) -> dict[str, torch.Tensor]:

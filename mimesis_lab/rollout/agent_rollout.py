@@ -191,6 +191,8 @@ def run_agent_episodes(
 ) -> list[Trajectory]:
     """Roll out one trajectory per ``(row, gym)`` with one batched generation call per round."""
     t0 = time.perf_counter()
+    if hasattr(backend, "reset_prefix_cache"):
+        backend.reset_prefix_cache()   # cached KV belongs to the weights of an earlier call
     trajs: list[Trajectory] = []
     for row, gym, (gid, tid) in zip(rows, gyms, ids):
         messages = [dict(m) for m in row["prompt"]]

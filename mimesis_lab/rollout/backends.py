@@ -142,9 +142,12 @@ class TransformersBackend:
     ``batch_size``. ``seed=None`` draws from the global torch RNG.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 8):
+    def __init__(self, model, tokenizer, batch_size: int = 8, prefix_cache_tokens: int = 0):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        self.prefix_cache = _KVStore(prefix_cache_tokens) if prefix_cache_tokens else None
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -163,6 +166,12 @@ class TransformersBackend:
         if isinstance(state_dict, torch.nn.Module):
             state_dict = state_dict.state_dict()
         self.model.load_state_dict(state_dict, strict=True)
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached KV (must be called whenever the weights change; rollouts call it per batch)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     # -- API
     def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
@@ -220,12 +229,47 @@ class TransformersBackend:
         if not hasattr(DynamicCache, "batch_select_indices"):
             uniq, src = batch, list(range(n))
         m = len(uniq)
-        input_ids = torch.full((m, width), self.pad_token_id, dtype=torch.long, device=device)
-        attn = torch.zeros((m, width), dtype=torch.long, device=device)
-        for r, b in enumerate(uniq):
-            input_ids[r, width - len(b):] = torch.tensor(b, dtype=torch.long, device=device)
-            attn[r, width - len(b):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cached = [(0, None)] * m
+        if self.prefix_cache is not None:
+            # reuse at most len - 1 tokens: the last prompt token must be fed to get the next logits
+            cached = [(min(c, len(b) - 1), kv) if kv is not None else (0, None)
+                      for b, (c, kv) in zip(uniq, (self.prefix_cache.longest(b) for b in uniq))]
+            cached = [(c, kv) if c >= _KVStore.MIN_REUSE else (0, None) for c, kv in cached]
+        wc = max(c for c, _ in cached)
+        suffixes = [b[c:] for b, (c, _) in zip(uniq, cached)]
+        ws = max(len(x) for x in suffixes)
+        input_ids = torch.full((m, ws), self.pad_token_id, dtype=torch.long, device=device)
+        attn_s = torch.zeros((m, ws), dtype=torch.long, device=device)
+        for r, x in enumerate(suffixes):
+            input_ids[r, ws - len(x):] = torch.tensor(x, dtype=torch.long, device=device)
+            attn_s[r, ws - len(x):] = 1
+        start = torch.tensor([c for c, _ in cached], dtype=torch.long, device=device).unsqueeze(1)
+        pos = (attn_s.cumsum(-1) - 1).clamp(min=0) + start
+        prefix_kw: dict[str, Any] = {}
+        if wc:
+            self.prefix_cache.hits += sum(c > 0 for c, _ in cached)
+            self.prefix_cache.reused_tokens += sum(c for c, _ in cached)
+            from transformers import DynamicCache
+
+            n_layers = len(next(kv for c, kv in cached if kv is not None))
+            ref_k = next(kv for c, kv in cached if kv is not None)[0][0]
+            layers = []
+            for li in range(n_layers):
+                k = torch.zeros((m, ref_k.shape[0], wc, ref_k.shape[2]), dtype=ref_k.dtype, device=device)
+                v = torch.zeros_like(k)
+                for r, (c, kv) in enumerate(cached):
+                    if c:
+                        k[r, :, wc - c:, :] = kv[li][0][:, :c, :]
+                        v[r, :, wc - c:, :] = kv[li][1][:, :c, :]
+                layers.append((k, v))
+            attn_c = torch.zeros((m, wc), dtype=torch.long, device=device)
+            for r, (c, _) in enumerate(cached):
+                if c:
+                    attn_c[r, wc - c:] = 1
+            prefix_kw = {"past": DynamicCache(ddp_cache_data=layers)}
+            attn = torch.cat([attn_c, attn_s], dim=1)
+        else:
+            attn = attn_s
         gens = None
         if params.temperature > 0 and params.seed is not None:
             gens = []
@@ -243,7 +287,11 @@ class TransformersBackend:
         # logits only for the last position: the prompt's other logits are never used (and the
         # [batch, prompt, vocab] projection would dominate the prefill)
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep)
+        if prefix_kw:
+            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                             **{cache_kw: prefix_kw["past"]}, **keep)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep)
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_pos = pos[:, -1:] + 1
@@ -268,6 +316,7 @@ class TransformersBackend:
                 break
             if prunable and any(done[r] for r in alive):
                 # finished rows leave the batch (KV cache rows included): no compute on padding tails
+                self._store_rows(past, attn, alive, [j for j, r in enumerate(alive) if done[r]], batch, tokens)
                 keep_rows = [j for j, r in enumerate(alive) if not done[r]]
                 sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
                 past.batch_select_indices(sel)
@@ -283,12 +332,31 @@ class TransformersBackend:
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
 
+        if prunable:
+            self._store_rows(past, attn, alive, list(range(len(alive))), batch, tokens)
         results = []
         for r in range(n):
             text = self.tokenizer.decode(tokens[r], skip_special_tokens=False)
             results.append(Generation(prompt_ids=batch[r], token_ids=tokens[r], logprobs=logps[r],
                                       text=text, finish_reason=finish[r]))
         return results
+
+    def _store_rows(self, past, attn: torch.Tensor, alive: list[int], rows: list[int], batch: list[list[int]],
+                    tokens: list[list[int]]) -> None:
+        """Save the KV of ``rows`` (indices into ``alive``) as ``prompt + fed tokens`` in the prefix cache."""
+        if self.prefix_cache is None or not rows:
+            return
+        layers = getattr(past, "layers", None)
+        if not layers or attn.shape[1] != layers[0].keys.shape[-2]:
+            return
+        for j in rows:
+            r = alive[j]
+            cols = attn[j].nonzero().squeeze(-1)
+            seq = tuple(batch[r]) + tuple(tokens[r][:-1])
+            if len(cols) != len(seq):
+                continue   # defensive: never store KV that does not line up with its tokens
+            kv = [(lay.keys[j][:, cols, :].clone(), lay.values[j][:, cols, :].clone()) for lay in layers]
+            self.prefix_cache.put(seq, kv)
 
     @staticmethod
     def _choose(logits: torch.Tensor, params: SamplingParams, gens) -> torch.Tensor:
@@ -311,6 +379,62 @@ class TransformersBackend:
         cdf = probs.double().cumsum(dim=-1)
         idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
         return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+class _KVStore:
+    """Cross-call prefix cache: KV tensors of finished sequences, reused by later prompts that
+    start with them (a multi-turn episode's next prompt extends its previous prompt + reply).
+
+    Entries are ``token tuple -> [(k, v) per layer]`` with ``k, v: [kv_heads, L, head_dim]``;
+    least recently used entries are dropped beyond ``max_tokens`` cached tokens. Only valid for
+    one set of weights: :meth:`TransformersBackend.reset_prefix_cache` clears it.
+    """
+
+    MIN_REUSE = 16   # shorter shared prefixes are not worth the bookkeeping
+
+    def __init__(self, max_tokens: int):
+        from collections import OrderedDict
+
+        self.max_tokens = max_tokens
+        self.entries: "OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]]" = OrderedDict()
+        self.tokens = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.tokens = 0
+
+    def put(self, seq: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if len(seq) < self.MIN_REUSE or len(seq) > self.max_tokens:
+            return
+        if seq in self.entries:
+            self.entries.move_to_end(seq)
+            return
+        self.entries[seq] = kv
+        self.tokens += len(seq)
+        while self.tokens > self.max_tokens and self.entries:
+            old, _ = self.entries.popitem(last=False)
+            self.tokens -= len(old)
+
+    def longest(self, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """Longest common prefix with a stored sequence: ``(length, kv)`` (``(0, None)`` if none is useful)."""
+        import numpy as np
+
+        best, best_kv, best_key = 0, None, None
+        p = np.asarray(prompt, dtype=np.int64)
+        for key, kv in self.entries.items():
+            m = min(len(key), len(p))
+            if m <= best:
+                continue
+            diff = np.flatnonzero(np.asarray(key[:m], dtype=np.int64) != p[:m])
+            lcp = int(diff[0]) if diff.size else m
+            if lcp > best:
+                best, best_kv, best_key = lcp, kv, key
+        if best < self.MIN_REUSE:
+            return 0, None
+        self.entries.move_to_end(best_key)
+        return best, best_kv
 
 
 # ----------------------------------------------------------------------------- OpenAI-compatible

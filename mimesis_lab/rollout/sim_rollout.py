@@ -142,6 +142,8 @@ def run_episodes(
     if len(ids) != len(episodes):
         raise ValueError(f"{len(episodes)} episodes but {len(ids)} ids")
     t0 = time.perf_counter()
+    if hasattr(backend, "reset_prefix_cache"):
+        backend.reset_prefix_cache()   # cached KV belongs to the weights of an earlier call
     out = [Rollout(g, r, type(e).data_source, e.task_id) for e, (g, r) in zip(episodes, ids)]
     active = [i for i, e in enumerate(episodes) if not e.done]
     for rnd in range(max_rounds):
