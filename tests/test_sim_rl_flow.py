@@ -145,10 +145,14 @@ def test_judge_failures_are_counted_not_zeroed(tmp_path):
     rec = [json.loads(x) for x in (tmp_path / "nojudge" / "metrics.jsonl").read_text().splitlines()]
     m = next(r["metrics"] for r in rec if r["kind"] == "train")
     assert m["rollouts"] == 8 and m["rollouts_valid"] + m["invalid_total"] == 8
-    assert m["invalid/judge_failure"] + m["invalid/empty_reply"] + m["invalid/refusal"] == 8
-    assert m["invalid/judge_failure"] >= 1 and "reward/raw_mean" not in m
-    assert m["batch/rollouts_in_update"] == m["rollouts_valid"] and m["update/opt_steps"] == 0
     lines = [json.loads(x) for x in (tmp_path / "nojudge" / "rollouts.jsonl").read_text().splitlines()]
-    assert all(x["raw"] is None and x["update_reward"] is None for x in lines)
+    # every rollout is either invalid (judge unreachable, or an empty/refused reply) or ended by the
+    # policy's own format failure before there was anything to judge (valid, update reward 0)
+    unjudged = sum(x["ended_by_format_failure"] and x["invalid"] is None for x in lines)
+    assert m["invalid/judge_failure"] + m["invalid/empty_reply"] + m["invalid/refusal"] + unjudged == 8
+    assert m["invalid/judge_failure"] >= 1 and "reward/raw_mean" not in m
+    assert m["batch/rollouts_in_update"] == m["rollouts_valid"]
+    assert all(x["raw"] is None for x in lines)
+    assert all(x["update_reward"] is None for x in lines if x["invalid"])
     assert any("127.0.0.1:9" in (x["invalid_detail"] or "") or "connect" in (x["invalid_detail"] or "").lower()
                for x in lines)

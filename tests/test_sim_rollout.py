@@ -92,7 +92,7 @@ def test_real_backend_segments_match_prompts_and_logprobs(tok):
 
 
 def test_validity_reasons_are_recorded():
-    texts = ["<think>go</think>hello", "ERROR:request timed out after 60s", "<think>x</think>   ",
+    texts = ["<think>go</think>hello", "ERROR:request timed out after 60s", "   ",
              "As an AI language model I cannot do that", "no think block here", "ERROR:boom",
              # second round, for the survivors (r0, r4)
              "<think>a</think>thanks", "<think>b</think>bye"]
@@ -130,3 +130,22 @@ def test_refusal_detector():
 class _FakeTok:
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
         return [1] * (2 + len(messages))
+
+
+def test_reasoning_only_reply_is_a_format_failure_not_invalid():
+    """An unclosed <think> (nothing public) ends the episode as the policy's format failure: valid,
+    update reward 0 (a negative signal), unscored if no public turn happened."""
+    episodes = eps(2)
+    out = run_episodes(episodes, ids(2), Scripted(["<think>still thinking", "<think>a</think>hi",
+                                                   "<think>never closed"]), _FakeTok(),
+                       SamplingParams(max_new_tokens=4))
+    score_rollouts(out, episodes, None)
+    assert [r.invalid for r in out] == [None, None]
+    assert out[0].ended_by_format_failure and out[0].raw is None and out[0].update_reward == 0.0
+    assert out[1].ended_by_format_failure and out[1].raw == 0.5 and out[1].update_reward == 0.0
+    from mimesis_lab.rl.sim_batch import build_update_rows, step_metrics
+
+    rows, _ = build_update_rows(out)
+    assert len(rows) == 3 and all(r.adv == 0.0 for r in rows)
+    m = step_metrics(out)
+    assert m["rollouts_valid"] == 2 and m["reward/raw_mean"] == 0.5 and m["reward/update_mean"] == 0.0

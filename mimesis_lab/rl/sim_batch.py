@@ -118,8 +118,9 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
     return rows, stats
 
 
-def _mean(xs: Iterable[float]) -> float | None:
-    xs = [float(x) for x in xs]
+def _mean(xs: Iterable[float | None]) -> float | None:
+    """Mean of the values that exist (an unscored rollout has ``raw = None``); ``None`` if none do."""
+    xs = [float(x) for x in xs if x is not None]
     return math.fsum(xs) / len(xs) if xs else None
 
 

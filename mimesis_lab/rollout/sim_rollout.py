@@ -13,7 +13,8 @@ What is not a task's business is decided here, and recorded, never hidden:
 
 - a generation error → invalid ``generation_error`` (``timeout`` when the backend says so);
 - a prompt longer than ``max_prompt_tokens`` → invalid ``context_overflow``;
-- nothing public to show the partner → invalid ``empty_reply``;
+- an empty generation → invalid ``empty_reply``; a reply that is only reasoning (an unclosed
+  ``<think>``) is the policy's *format failure*: the episode ends there, update reward 0;
 - a refusal to play the user (``"As an AI language model…"``) → invalid ``refusal``;
 - a reply outside ``<think>…</think>utterance`` (thinking on) → a *format failure*: the
   episode continues on the public text, the rollout's update reward becomes 0 and its raw
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from mimesis_lab.envs.base import SimEpisode, TaskScore
-from mimesis_lab.envs.output_format import ParsedReply, parse_reply, public_text
+from mimesis_lab.envs.output_format import ParsedReply, _strip_end, parse_reply, public_text
 from mimesis_lab.rollout.backends import Generation, SamplingParams
 
 __all__ = ["Segment", "Rollout", "is_refusal", "run_episodes", "score_rollouts", "render_prompt"]
@@ -71,6 +72,7 @@ class Rollout:
     invalid_detail: str | None = None
     score: TaskScore | None = None
     wall_s: float = 0.0
+    ended_by_format_failure: bool = False
 
     @property
     def format_failures(self) -> int:
@@ -83,9 +85,11 @@ class Rollout:
     @property
     def update_reward(self) -> float | None:
         """Training reward: the raw score, 0 after any format failure, ``None`` when invalid."""
-        if self.invalid is not None or self.raw is None:
+        if self.invalid is not None:
             return None
-        return 0.0 if self.format_failures else self.raw
+        if self.format_failures:
+            return 0.0
+        return self.raw
 
     @property
     def response_tokens(self) -> int:
@@ -96,6 +100,7 @@ class Rollout:
             "group_id": self.group_id, "rollout_id": self.rollout_id, "data_source": self.data_source,
             "task_id": self.task_id, "invalid": self.invalid, "invalid_detail": self.invalid_detail,
             "raw": self.raw, "update_reward": self.update_reward, "format_failures": self.format_failures,
+            "ended_by_format_failure": self.ended_by_format_failure,
             "format_errors": [s.format_error for s in self.segments if s.format_error],
             "n_segments": len(self.segments), "response_tokens": self.response_tokens,
             "components": dict(self.score.components) if self.score else {},
@@ -180,7 +185,14 @@ def run_episodes(
             r.segments.append(Segment(list(g.prompt_ids), list(g.token_ids), list(g.logprobs), g.finish_reason,
                                       parsed.ok, parsed.error))
             if not public.strip():
-                _set_invalid(r, "empty_reply", f"simulator turn {ep.n_sim_turns + 1}: {parsed.error or 'empty'}")
+                if parsed.ok or not _strip_end(g.text):
+                    # nothing at all was said: an empty reply is invalid (not the policy's format)
+                    _set_invalid(r, "empty_reply", f"simulator turn {ep.n_sim_turns + 1}: {parsed.error or 'empty'}")
+                else:
+                    # only reasoning (e.g. an unclosed <think>): a *format failure* of the policy -- the
+                    # episode ends here (the partner has nothing to answer) and its update reward is 0;
+                    # excluding it instead would hide the policy's most common failure from the update
+                    r.ended_by_format_failure = True
                 continue
             if is_refusal(public):
                 _set_invalid(r, "refusal", f"simulator turn {ep.n_sim_turns + 1}: {public[:120]!r}")
@@ -203,9 +215,15 @@ def run_episodes(
 
 
 def score_rollouts(rollouts: Sequence[Rollout], episodes: Sequence[SimEpisode], judge: Any) -> None:
-    """Judge every valid finished rollout in place; judge failures make it invalid with their reason."""
+    """Judge every valid finished rollout in place; judge failures make it invalid with their reason.
+
+    A rollout that ended on a format failure before any public turn has nothing to judge: it stays
+    valid, unscored (``raw`` is ``None``) with update reward 0.
+    """
     for r, ep in zip(rollouts, episodes):
         if r.invalid is not None:
+            continue
+        if r.ended_by_format_failure and ep.n_sim_turns == 0:
             continue
         try:
             s = ep.score(judge)
