@@ -42,6 +42,7 @@ from mimesis_lab.rl.losses import ppo_clip_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
 from mimesis_lab.rl.sim_batch import AccountingError, build_update_rows, step_metrics
 from mimesis_lab.train.loop import (CHECKPOINTS, MARKER, ResumeError, TrainConfigError, _dist_init, _export,
+                                    code_identity,
                                     _file_identity, _init_identity, _Log, _param_groups, _say, _write_marker,
                                     list_checkpoints, load_ds_config, resolve_resume, tag_for)
 from mimesis_lab.train.schedule import lr_at
@@ -74,7 +75,8 @@ def sim_rl_fingerprint(cfg: Any, ds_config: dict[str, Any]) -> str:
     section = {k: v for k, v in cfg.model_dump().items() if k not in OPERATIONAL_KEYS}
     files = {name: _file_identity(t.data) for name, t in cfg.tasks.items()}
     doc = {"phase": "sim_rl", "section": section, "ds_config": ds_config, "init_from": _init_identity(cfg.init_from),
-           "task_files": files, "kb": _file_identity(cfg.kb), "guidelines": _file_identity(cfg.guidelines)}
+           "task_files": files, "kb": _file_identity(cfg.kb), "guidelines": _file_identity(cfg.guidelines),
+           "code": code_identity()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 

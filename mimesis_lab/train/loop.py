@@ -243,11 +243,24 @@ def _init_identity(folder: str) -> dict[str, Any]:
     return {"path": folder, "missing": True}
 
 
+def code_identity() -> str:
+    """sha256 over the library's source files: a checkpoint written by other code is another run
+    (``dvc repro`` re-runs a stage after a code change and must not resume the old result)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def run_fingerprint(params: Any, phase: str, ds_config: dict[str, Any]) -> str:
     """sha256 of what determines the trained weights: the phase section (minus
     :data:`OPERATIONAL_KEYS`), the model section when the model is built from it, the
-    DeepSpeed JSON, and the train/val files (size + sha256 up to 1 GiB). ``resume: auto``
-    only continues a checkpoint with the same fingerprint."""
+    DeepSpeed JSON, the train/val files (size + sha256 up to 1 GiB) and the library code
+    (:func:`code_identity`). ``resume: auto`` only continues a checkpoint with the same fingerprint."""
     import hashlib
 
     cfg = getattr(params, phase)
@@ -255,7 +268,7 @@ def run_fingerprint(params: Any, phase: str, ds_config: dict[str, Any]) -> str:
     doc = {"phase": phase, "section": section, "ds_config": ds_config,
            "model": params.model.model_dump() if cfg.init_from == "model" else None,
            "init_from": _init_identity(cfg.init_from) if cfg.init_from != "model" else None,
-           "train": _file_identity(cfg.train), "val": _file_identity(cfg.val)}
+           "train": _file_identity(cfg.train), "val": _file_identity(cfg.val), "code": code_identity()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
