@@ -34,7 +34,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, SimRLParams, TrainParams, flatten, load_params  # noqa: E402
 
-PHASES = ("midtrain", "sft", "sim_rl")
+PHASES = ("midtrain", "sft", "sim_rl", "agent_grpo")
 DEFAULT_PHASES = ("midtrain", "sft")   # `sim_rl` has its own flow and DVC stage (flows.sim_rl)
 REGISTERED_MODEL = "mimesis-simulator"
 SUMMARY_KEYS = ("initial_val_loss", "final_val_loss", "steps", "first_reward_raw_mean", "last_reward_raw_mean",
@@ -102,9 +102,10 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
                     and isinstance(v, (int, float)) and not isinstance(v, bool):
                 c.log_metric(run_id, k, float(v))
         rollouts = Path(cfg.output_dir) / "rollouts.jsonl"
-        if phase == "sim_rl" and rollouts.is_file():
+        if phase in ("sim_rl", "agent_grpo") and rollouts.is_file():
             c.log_artifact(run_id, str(rollouts), "rollouts")
-        version = tracking.register_model(params.tracking, run_id, "model", params.tracking.simulator_model, phase,
+        model_name = params.tracking.agent_model if phase.startswith("agent") else params.tracking.simulator_model
+        version = tracking.register_model(params.tracking, run_id, "model", model_name, phase,
                                           description=f"{phase} final weights")
         c.set_terminated(run_id, "FINISHED")
         url = tracking.run_url(params.tracking, run_id)
@@ -113,7 +114,8 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     metrics_file = Path("metrics") / f"{phase}.json"
     metrics_file.parent.mkdir(parents=True, exist_ok=True)
     metrics_file.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
-    create_markdown_artifact(markdown=summary_markdown(phase, summary, url, version, params.tracking.simulator_model),
+    model_name = params.tracking.agent_model if phase.startswith("agent") else params.tracking.simulator_model
+    create_markdown_artifact(markdown=summary_markdown(phase, summary, url, version, model_name),
                              key=f"{phase.replace('_', '-')}-summary", description=f"{phase} final metrics")
     return summary
 

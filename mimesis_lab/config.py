@@ -40,6 +40,7 @@ class TrackingParams(Section):
     experiment: str = Field("mimesis", description="MLflow experiment that every run of this pipeline is logged to.")
     simulator_model: str = Field("mimesis-simulator", description="Registered-model name of the simulator "
                                  "checkpoints (one version per phase run, the phase as alias).")
+    agent_model: str = Field("mimesis-agent", description="Registered-model name of the agent checkpoints.")
 
 
 class RoleSwapParams(Section):
@@ -335,6 +336,70 @@ class SimRLParams(Section):
         return v
 
 
+class AgentUserParams(Section):
+    """The user side of the gyms: the frozen simulator, always behind the privileged shim."""
+
+    kind: Literal["simulator", "openai"] = Field(
+        "simulator", description="`simulator`: serve `model_path` in-process (OpenAI-compatible, CPU/GPU); "
+        "`openai`: an external OpenAI-compatible server at `openai.base_url` (e.g. `vllm serve`).")
+    model_path: str = Field("models/sim_rl/final", description="Simulator checkpoint for kind `simulator`.")
+    openai: OpenAIEndpoint = Field(default_factory=lambda: OpenAIEndpoint(model="simulator"),
+                                   description="External simulator endpoint for kind `openai`.")
+    max_new_tokens: int = Field(64, ge=1, description="Tokens per simulated user reply.")
+    temperature: float = Field(1.0, ge=0, description="Simulator sampling temperature.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-reply timeout (a timeout makes the episode invalid).")
+
+
+class AgentRolloutParams(RolloutParams):
+    max_turns: int = Field(4, ge=1, description="Agent turns per episode (the paper: 16).")
+    max_total_tokens: int = Field(2048, gt=16, description="Prompt + all turns; beyond it the episode is invalid "
+                                  "`context_overflow`.")
+    step_timeout_s: float = Field(120.0, gt=0, description="A gym step (incl. the user's reply) slower than this "
+                                  "is invalid `timeout`.")
+    show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback (as the reference).")
+
+
+class AgentGRPOParams(Section):
+    """Multi-turn GRPO of the agent against the frozen simulator (SPEC §3.1–3.2)."""
+
+    init_from: str = Field(description="Hugging Face folder of the starting agent.")
+    data: str = Field("data/gyms/train.parquet", description="UserRL rows of the `gyms` stage.")
+    gyms: dict[str, float] = Field(default_factory=lambda: {g: 1.0 for g in ("travel", "turtle", "function", "tau",
+                                                                             "persuade")},
+                                   description="Training gym -> sampling weight.")
+    user: AgentUserParams = Field(default_factory=AgentUserParams, description="The simulated user.")
+    rollout: AgentRolloutParams = Field(default_factory=AgentRolloutParams, description="Agent generation.")
+    gamma: float = Field(0.8, ge=0, le=1, description="R2G discount of the turn credit.")
+    zero_credit: Literal["uniform", "zero"] = Field(
+        "uniform", description="All-zero credit: `uniform` spreads A_i (failures keep their signal); `zero` = "
+        "the reference (no signal).")
+    invalid_policy: Literal["exclude", "zero"] = Field("exclude", description="As in sim_rl.")
+    deepspeed_config: str = Field(description="DeepSpeed JSON for the policy update.")
+    steps: int = Field(gt=0, description="RL steps.")
+    prompts_per_step: int = Field(gt=0, description="Gym rows per step (groups).")
+    rollouts_per_prompt: int = Field(ge=2, description="Trajectories per row (group size).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+    micro_rows: int = Field(8, ge=1, description="Trajectories per forward/backward.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
+    adv_eps: float = Field(1e-6, gt=0, description="Group-normalisation epsilon.")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of steps with linear warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
+    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    resume: str = Field("auto", description="`auto`, `never` or a checkpoint path.")
+    world_size: int = Field(1, ge=1, description="Processes launched; each rolls out its share of the groups.")
+    launcher: Literal["deepspeed", "torchrun"] = Field("deepspeed", description="Launcher used for the job.")
+    seed: int = Field(1234, description="Row sampling, rollout sampling and update seed.")
+    output_dir: str = Field("models/agent_grpo", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
+    log_every: int = Field(1, gt=0, description="Log every N steps.")
+    save_rollouts: bool = Field(True, description="Write every trajectory to output_dir/rollouts.jsonl.")
+
+
 class Params(Section):
     """The whole ``params.yaml``."""
 
@@ -349,6 +414,7 @@ class Params(Section):
     midtrain: TrainParams | None = Field(None, description="User-side mid-training (role-swapped chats).")
     sft: TrainParams | None = Field(None, description="ThoughtTrace SFT (reasoning + utterance).")
     sim_rl: SimRLParams | None = Field(None, description="Joint multi-domain simulator RL (FoldGRPO).")
+    agent_grpo: AgentGRPOParams | None = Field(None, description="Agent multi-turn GRPO against the simulator.")
     validate_: ValidateParams = Field(
         default_factory=ValidateParams, alias="validate", description="great-expectations validation."
     )

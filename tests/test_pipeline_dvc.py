@@ -118,7 +118,7 @@ def test_stage_runs_recorded_in_mlflow(project):
     assert any(k.startswith("input_sha256.") for k in rs.data.tags)
 
 
-TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl"]
+TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl", "agent_grpo"]
 
 
 def test_full_repro_trains_through_sim_rl(project):
