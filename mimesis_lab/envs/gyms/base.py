@@ -110,6 +110,23 @@ class Gym(ABC):
     def data_source(cls) -> str:
         return f"interact_{cls.name}"
 
+    @classmethod
+    def userrl_row(cls, task_id: str, system: str, user: str, ground_truth: str, split: str, index: int,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One UserRL-format row of this gym; ``extra`` fields go into both ``reward_model`` and the
+        ``create_kwargs`` (as the real IntentionGym rows carry ``category`` and ``task``)."""
+        extra = dict(extra or {})
+        return {
+            "data_source": cls.data_source(),
+            "prompt": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "ability": "interaction",
+            "reward_model": {**extra, "env_name": cls.env_name, "ground_truth": ground_truth, "id": task_id,
+                             "style": "rule"},
+            "extra_info": {"split": split, "index": index, "need_tools_kwargs": True,
+                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
+                               **extra, "env_name": cls.env_name, "id": task_id}}}},
+        }
+
     def reset(self) -> str:
         """Initial observation appended to the agent's prompt (``""`` for none)."""
         return ""

@@ -179,16 +179,8 @@ def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
-        rows.append({
-            "data_source": FunctionGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": USER_MESSAGE}],
-            "ability": "interaction",
-            "reward_model": {"env_name": FunctionGym.env_name, "ground_truth": str(float(t["expected_result"])),
-                             "id": tid, "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "env_name": FunctionGym.env_name, "id": tid}}}},
-        })
+        rows.append(FunctionGym.userrl_row(tid, SYSTEM_PROMPT, USER_MESSAGE, str(float(t["expected_result"])),
+                                           split, i))
     return rows
 
 

@@ -137,17 +137,8 @@ def build_rows(tasks: dict[str, dict], split: str) -> list[dict]:
                     f"The user's vague request: {t['task']}\n"
                     "Find out the missing details of this request by asking clarifying questions.")
         gt = ", ".join(d["description"] for d in t["missing_details"])
-        rows.append({
-            "data_source": IntentionGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_msg}],
-            "ability": "interaction",
-            "reward_model": {"category": t.get("category", ""), "env_name": IntentionGym.env_name,
-                             "ground_truth": gt, "id": tid, "style": "rule", "task": t["task"]},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "category": t.get("category", ""), "env_name": IntentionGym.env_name,
-                               "id": tid, "task": t["task"]}}}},
-        })
+        rows.append(IntentionGym.userrl_row(tid, SYSTEM_PROMPT, user_msg, gt, split, i,
+                                            extra={"category": t.get("category", ""), "task": t["task"]}))
     return rows
 
 

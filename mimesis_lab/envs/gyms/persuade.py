@@ -91,16 +91,7 @@ def build_rows(tasks: dict[str, dict], split: str) -> list[dict]:
         user_msg = (f"The claim: \"{t['claim']}\"\n"
                     f"The person's current stance: {s} ({STANCE_LABELS[s]}).\n"
                     f"Your goal: persuade them to {t['target']} with the claim as much as you can.")
-        rows.append({
-            "data_source": PersuadeGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_msg}],
-            "ability": "interaction",
-            "reward_model": {"env_name": PersuadeGym.env_name, "ground_truth": t["target"], "id": tid,
-                             "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "env_name": PersuadeGym.env_name, "id": tid}}}},
-        })
+        rows.append(PersuadeGym.userrl_row(tid, SYSTEM_PROMPT, user_msg, t["target"], split, i))
     return rows
 
 

@@ -154,15 +154,7 @@ def build_rows(tasks: dict[str, dict], split: str) -> list[dict]:
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
         user_msg = f"The user's question: {t['question']}\nFind the answer with the search tool and answer it."
-        rows.append({
-            "data_source": SearchGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_msg}],
-            "ability": "interaction",
-            "reward_model": {"env_name": SearchGym.env_name, "ground_truth": t["answer"], "id": tid, "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "env_name": SearchGym.env_name, "id": tid}}}},
-        })
+        rows.append(SearchGym.userrl_row(tid, SYSTEM_PROMPT, user_msg, t["answer"], split, i))
     return rows
 
 

@@ -281,16 +281,8 @@ def build_rows(tasks: dict[str, dict], split: str) -> list[dict]:
         opening = t.get("opening") or "Hi, I need some help with my order."
         user_msg = (f"A customer has started a chat with the support desk. Their first message:\n\"{opening}\"\n"
                     "Help the customer by talking to them (`answer`) and using the store tools (`action`).")
-        rows.append({
-            "data_source": TauGym.data_source(),
-            "prompt": [{"role": "system", "content": system_prompt()}, {"role": "user", "content": user_msg}],
-            "ability": "interaction",
-            "reward_model": {"env_name": TauGym.env_name, "ground_truth": json.dumps(t["actions"], sort_keys=True),
-                             "id": tid, "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {"env_name": TauGym.env_name,
-                                                                                    "id": tid}}}},
-        })
+        rows.append(TauGym.userrl_row(tid, system_prompt(), user_msg, json.dumps(t["actions"], sort_keys=True),
+                                      split, i))
     return rows
 
 

@@ -99,16 +99,7 @@ def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, A
     for i, (tid, t) in enumerate(tasks.items()):
         user = (f"I am thinking of a {t['category']}. Try to guess what it is by asking yes-or-no questions!\n"
                 "Find out which one I have in mind!")
-        rows.append({
-            "data_source": TelepathyGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
-            "ability": "interaction",
-            "reward_model": {"env_name": TelepathyGym.env_name, "ground_truth": t["entity"], "id": tid,
-                             "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "env_name": TelepathyGym.env_name, "id": tid}}}},
-        })
+        rows.append(TelepathyGym.userrl_row(tid, SYSTEM_PROMPT, user, t["entity"], split, i))
     return rows
 
 

@@ -166,18 +166,8 @@ def search_options(task: dict[str, Any], query: str) -> list[dict[str, Any]]:
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
-        rows.append({
-            "data_source": TravelGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
-                       {"role": "user", "content": f"{t['request']}\nPlease recommend the one option that suits "
-                                                   "me best."}],
-            "ability": "interaction",
-            "reward_model": {"env_name": TravelGym.env_name, "ground_truth": str(t["best_id"]), "id": tid,
-                             "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "env_name": TravelGym.env_name, "id": tid}}}},
-        })
+        user = f"{t['request']}\nPlease recommend the one option that suits me best."
+        rows.append(TravelGym.userrl_row(tid, SYSTEM_PROMPT, user, str(t["best_id"]), split, i))
     return rows
 
 

@@ -107,16 +107,7 @@ def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, A
     for i, (tid, t) in enumerate(tasks.items()):
         user = (f"Title: {t.get('title', 'Untitled')}\nSurface: {t['surface']}\n"
                 "Uncover the hidden story behind the surface and explain what really happened!")
-        rows.append({
-            "data_source": TurtleGym.data_source(),
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
-            "ability": "interaction",
-            "reward_model": {"env_name": TurtleGym.env_name, "ground_truth": t["solution"], "id": tid,
-                             "style": "rule"},
-            "extra_info": {"split": split, "index": i, "need_tools_kwargs": True,
-                           "tools_kwargs": {"interact_with_env": {"create_kwargs": {
-                               "env_name": TurtleGym.env_name, "id": tid}}}},
-        })
+        rows.append(TurtleGym.userrl_row(tid, SYSTEM_PROMPT, user, t["solution"], split, i))
     return rows
 
 
