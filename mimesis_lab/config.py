@@ -287,7 +287,36 @@ class JudgeParams(Section):
                                    description="Endpoint of the `openai` judge.")
 
 
-class SimRLParams(Section):
+class RLPhaseParams(Section):
+    """Settings shared by the RL phases (``sim_rl``, ``agent_grpo``): batch shape, PPO-clip update,
+    optimizer, checkpoints and launch."""
+
+    deepspeed_config: str = Field(description="DeepSpeed JSON for the policy update.")
+    steps: int = Field(gt=0, description="RL steps (one rollout batch + its updates each).")
+    prompts_per_step: int = Field(gt=0, description="Task rows sampled per step (groups).")
+    rollouts_per_prompt: int = Field(ge=2, description="Rollouts per task row (group size).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch's segments split evenly).")
+    micro_rows: int = Field(8, ge=1, description="Rows (simulator segments or agent trajectories) per "
+                            "forward/backward (gradient accumulation inside a minibatch).")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
+    adv_eps: float = Field(1e-6, gt=0, description="Group-normalisation epsilon in (r - mean)/(std + eps).")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of steps with linear warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
+    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    resume: str = Field("auto", description="`auto`, `never` or a checkpoint path (as for the SFT jobs).")
+    world_size: int = Field(1, ge=1, description="Processes launched; each rolls out its share of the groups.")
+    launcher: Literal["deepspeed", "torchrun"] = Field("deepspeed", description="Launcher used for the job.")
+    seed: int = Field(1234, description="Row sampling, rollout sampling and update seed.")
+    log_every: int = Field(1, gt=0, description="Log every N steps.")
+
+
+class SimRLParams(RLPhaseParams):
     """Joint multi-domain simulator RL with FoldGRPO (SPEC §2.3–2.4, §6)."""
 
     init_from: str = Field(description="Hugging Face folder of the starting policy (the SFT model).")
@@ -301,30 +330,7 @@ class SimRLParams(Section):
     invalid_policy: Literal["exclude", "zero"] = Field(
         "exclude", description="`exclude`: invalid rollouts leave the group statistics (counted per reason); "
         "`zero`: the reference behaviour, an invalid rollout scores 0 and stays in the group.")
-    deepspeed_config: str = Field(description="DeepSpeed JSON for the policy update.")
-    steps: int = Field(gt=0, description="RL steps (one rollout batch + its updates each).")
-    prompts_per_step: int = Field(gt=0, description="Task rows sampled per step (groups).")
-    rollouts_per_prompt: int = Field(ge=2, description="Rollouts per task row (group size).")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch's segments split evenly).")
-    micro_rows: int = Field(8, ge=1, description="Segments per forward/backward (gradient accumulation inside a "
-                            "minibatch).")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
-    adv_eps: float = Field(1e-6, gt=0, description="FoldGRPO epsilon in (r - mean)/(std + eps).")
-    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
-    min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")
-    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of steps with linear warm-up.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
-    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
-    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (and at the end).")
-    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
-    resume: str = Field("auto", description="`auto`, `never` or a checkpoint path (as for the SFT jobs).")
-    world_size: int = Field(1, ge=1, description="Processes launched; each rolls out its share of the groups.")
-    launcher: Literal["deepspeed", "torchrun"] = Field("deepspeed", description="Launcher used for the job.")
-    seed: int = Field(1234, description="Task sampling, rollout sampling and update seed.")
     output_dir: str = Field("models/sim_rl", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
-    log_every: int = Field(1, gt=0, description="Log every N steps.")
     save_rollouts: bool = Field(True, description="Write every episode (public/private log, score, validity) to "
                                 "output_dir/rollouts.jsonl.")
 
@@ -359,7 +365,7 @@ class AgentRolloutParams(RolloutParams):
     show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback (as the reference).")
 
 
-class AgentGRPOParams(Section):
+class AgentGRPOParams(RLPhaseParams):
     """Multi-turn GRPO of the agent against the frozen simulator (SPEC §3.1–3.2)."""
 
     init_from: str = Field(description="Hugging Face folder of the starting agent.")
@@ -374,29 +380,7 @@ class AgentGRPOParams(Section):
         "uniform", description="All-zero credit: `uniform` spreads A_i (failures keep their signal); `zero` = "
         "the reference (no signal).")
     invalid_policy: Literal["exclude", "zero"] = Field("exclude", description="As in sim_rl.")
-    deepspeed_config: str = Field(description="DeepSpeed JSON for the policy update.")
-    steps: int = Field(gt=0, description="RL steps.")
-    prompts_per_step: int = Field(gt=0, description="Gym rows per step (groups).")
-    rollouts_per_prompt: int = Field(ge=2, description="Trajectories per row (group size).")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
-    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass.")
-    micro_rows: int = Field(8, ge=1, description="Trajectories per forward/backward.")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
-    adv_eps: float = Field(1e-6, gt=0, description="Group-normalisation epsilon.")
-    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
-    min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")
-    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of steps with linear warm-up.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
-    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
-    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (and at the end).")
-    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
-    resume: str = Field("auto", description="`auto`, `never` or a checkpoint path.")
-    world_size: int = Field(1, ge=1, description="Processes launched; each rolls out its share of the groups.")
-    launcher: Literal["deepspeed", "torchrun"] = Field("deepspeed", description="Launcher used for the job.")
-    seed: int = Field(1234, description="Row sampling, rollout sampling and update seed.")
     output_dir: str = Field("models/agent_grpo", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
-    log_every: int = Field(1, gt=0, description="Log every N steps.")
     save_rollouts: bool = Field(True, description="Write every trajectory to output_dir/rollouts.jsonl.")
 
 

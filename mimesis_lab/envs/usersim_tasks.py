@@ -15,6 +15,8 @@ missing the role-swapped ``messages``); malformed conversations are skipped with
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import re
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
@@ -263,8 +265,9 @@ class _UserSimEpisode(SimEpisode):
         except Exception as e:  # scores never raise
             return TaskScore.failed("env_error", f"{self.data_source} score: {type(e).__name__}: {e}")
 
+    @abstractmethod
     def _score(self) -> tuple[float, dict[str, float]]:
-        raise NotImplementedError
+        """``(raw score, components)`` of the finished episode (each task defines its own)."""
 
 
 @register_task

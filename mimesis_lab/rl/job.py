@@ -24,7 +24,7 @@ from mimesis_lab.rl.losses import ppo_clip_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
 from mimesis_lab.train.loop import (CHECKPOINTS, MARKER, ResumeError, TrainConfigError, _dist_init, _export, _Log,
                                     _param_groups, _say, _write_marker, list_checkpoints, load_ds_config,
-                                    resolve_resume, tag_for)
+                                    resolve_resume, tag_for, truncate_jsonl)
 from mimesis_lab.train.schedule import lr_at
 
 __all__ = ["Job", "run_rl_job", "all_reduce", "gather", "ppo_update", "policy_state_dict", "make_rollout_backend",
@@ -48,13 +48,6 @@ def gather(obj: Any) -> list[Any]:
         dist.all_gather_object(out, obj)
         return out
     return [obj]
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    if path.is_file():
-        keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
 
 
 def make_rollout_backend(cfg: Any, engine, tokenizer):
@@ -251,7 +244,7 @@ def run_rl_job(phase: str, cfg: Any, fingerprint_fn: Callable[[dict[str, Any]], 
                     if s > step:
                         shutil.rmtree(p, ignore_errors=True)
                 log.truncate_after(step)
-                _truncate_jsonl(episodes_path, step)
+                truncate_jsonl(episodes_path, step)
             _say(rank, f"resumed from {root / tag} at step {step}")
         elif rank == 0:
             for p in [p for _, p in list_checkpoints(ckpt_root, complete_only=False)] + [out_dir / "final"]:

@@ -25,6 +25,8 @@ time; concurrent clients queue). The HTTP plumbing here (:class:`JSONHandler`,
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import argparse
 import json
 import logging
@@ -139,7 +141,7 @@ class JSONHandler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
 
-class BackgroundHTTPServer:
+class BackgroundHTTPServer(ABC):
     """``start()`` serves in a daemon thread, ``stop()`` shuts down; ``port``/``root`` once started.
 
     Binds ``127.0.0.1`` by default; ``port=0`` picks a free port. Usable as a context manager.
@@ -150,8 +152,9 @@ class BackgroundHTTPServer:
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
+    @abstractmethod
     def handle(self, handler: JSONHandler, method: str, path: str) -> tuple[int | None, Any]:
-        raise NotImplementedError
+        """Answer one request: ``(status, JSON body)`` (each server defines its routes)."""
 
     def start(self):
         if self._httpd is not None:

@@ -272,6 +272,15 @@ def run_fingerprint(params: Any, phase: str, ds_config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep only the records of ``path`` (JSON lines with a ``step``) up to ``step``."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text(encoding="utf-8").splitlines()
+            if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+
+
 class _Log:
     """Rank-0 metrics: always ``output_dir/metrics.jsonl``; MLflow when ``MLFLOW_RUN_ID`` is set."""
 
@@ -289,11 +298,8 @@ class _Log:
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step`` (written by a killed run that is being resumed)."""
-        if not self.active or not self.path.is_file():
-            return
-        keep = [ln for ln in self.path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+        if self.active:
+            truncate_jsonl(self.path, step)
 
     def write(self, record: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
         if not self.active:
