@@ -34,7 +34,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, SimRLParams, TrainParams, flatten, load_params  # noqa: E402
 
-PHASES = ("midtrain", "sft", "sim_rl", "agent_grpo")
+PHASES = ("midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd")
 DEFAULT_PHASES = ("midtrain", "sft")   # `sim_rl` has its own flow and DVC stage (flows.sim_rl)
 REGISTERED_MODEL = "mimesis-simulator"
 SUMMARY_KEYS = ("initial_val_loss", "final_val_loss", "steps", "first_reward_raw_mean", "last_reward_raw_mean",
@@ -102,7 +102,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
                     and isinstance(v, (int, float)) and not isinstance(v, bool):
                 c.log_metric(run_id, k, float(v))
         rollouts = Path(cfg.output_dir) / "rollouts.jsonl"
-        if phase in ("sim_rl", "agent_grpo") and rollouts.is_file():
+        if phase in ("sim_rl", "agent_grpo", "agent_csd") and rollouts.is_file():
             c.log_artifact(run_id, str(rollouts), "rollouts")
         model_name = params.tracking.agent_model if phase.startswith("agent") else params.tracking.simulator_model
         version = tracking.register_model(params.tracking, run_id, "model", model_name, phase,

@@ -180,6 +180,17 @@ class GymsParams(Section):
         return tuple(g for g in ALL_GYMS if g not in self.train_gyms)
 
 
+class AgentTracesParams(Section):
+    """Successful oracle traces of the training gyms: the agent's SFT warm start (SPEC §3.2)."""
+
+    gyms_dir: str = Field("data/gyms", description="Output folder of the `gyms` stage ({train,val}.parquet are read).")
+    show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback; must equal "
+                              "agent_grpo.rollout.show_reward so SFT and RL see the same interface.")
+    max_steps: int = Field(16, ge=1, description="Gym steps per oracle episode.")
+    output_dir: str = Field("data/agent_sft", description="Writes <output_dir>/{train,val}.parquet (column "
+                            "`messages`: prompt, then alternating assistant replies and tool feedback).")
+
+
 class ValidateParams(Section):
     report: str = Field("metrics/validate.json", description="Per-suite great-expectations results.")
     fail_on_error: bool = Field(True, description="Exit non-zero when any expectation fails.")
@@ -222,7 +233,7 @@ class ModelParams(Section):
 
 
 class TrainParams(Section):
-    """One training phase (``midtrain`` or ``sft``) run by the shared DeepSpeed loop."""
+    """One training phase (``midtrain``, ``sft`` or ``agent_sft``) run by the shared DeepSpeed loop."""
 
     train: str = Field(description="Training split parquet (column `messages`; `copies` expands the mixture).")
     val: str = Field(description="Validation split parquet.")
@@ -384,6 +395,54 @@ class AgentGRPOParams(RLPhaseParams):
     save_rollouts: bool = Field(True, description="Write every trajectory to output_dir/rollouts.jsonl.")
 
 
+class CoachParams(Section):
+    """The coach ``h_t = G(H_t, y_t, z_t, x_{t+1})`` (SPEC §3.3 item 3)."""
+
+    kind: Literal["template", "openai"] = Field(
+        "template", description="`template`: offline deterministic cue rules (default); `openai`: an "
+        "OpenAI-compatible endpoint, which must be a different server from the simulator's (checked at start).")
+    style: Literal["prospective", "corrective"] = Field(
+        "prospective", description="`prospective` does not see the agent's reply; `corrective` does.")
+    openai: OpenAIEndpoint = Field(default_factory=lambda: OpenAIEndpoint(base_url="http://127.0.0.1:8001/v1",
+                                                                          model="coach"),
+                                   description="Coach endpoint for kind `openai`.")
+
+
+class CSDParams(Section):
+    """Coached on-policy self-distillation (SPEC §3.3): ``L = L_GRPO + alpha * L_CSD``."""
+
+    alpha: float = Field(0.01, ge=0, description="Weight of the CSD loss (0 = plain GRPO, the baseline).")
+    beta: float = Field(5.0, ge=0, description="Gate sharpness: g = sigmoid(beta * delta).")
+    placebo: bool = Field(True, description="Placebo correction: delta = teacher - teacher[placebo note].")
+    placebo_min_pool: int = Field(8, ge=2, description="Valid notes pooled before placebo rows are drawn.")
+    turns_per_trajectory: int = Field(2, ge=1, description="Agent turns coached per trajectory (turns with "
+                                      "preceding simulator reasoning first).")
+    require_reply: bool = Field(False, description="Coach only turns whose preceding simulator reasoning exists "
+                                "(the reference default is off).")
+    skip_gyms: list[str] = Field(default_factory=lambda: ["tau", "function"],
+                                 description="Gyms that cannot be episode-scoped (the reference skips Tau, Function).")
+    leak_check: bool = Field(True, description="Drop notes that reveal the episode's private facts (hidden task "
+                             "spec) before they reach a teacher row.")
+    max_teacher_tokens: int = Field(2304, gt=16, description="Teacher rows wider than this are skipped (counted).")
+    coach: CoachParams = Field(default_factory=CoachParams, description="The coach.")
+
+
+# Fields of agent_csd that must equal agent_grpo's, so the two runs are siblings (same initial
+# agent, data, user, rollout and update settings; only the CSD term and the output differ).
+SIBLING_KEYS = ("init_from", "data", "gyms", "user", "rollout", "gamma", "zero_credit", "invalid_policy",
+                "deepspeed_config", "steps", "prompts_per_step", "rollouts_per_prompt", "ppo_epochs", "minibatches",
+                "micro_rows", "clip_eps", "adv_eps", "lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "beta1",
+                "beta2", "world_size", "seed")
+
+
+class AgentCSDParams(AgentGRPOParams):
+    """Multi-turn GRPO + CSD (SPEC §3.3); every other field as in ``agent_grpo``."""
+
+    csd: CSDParams = Field(default_factory=CSDParams, description="The CSD term.")
+    output_dir: str = Field("models/agent_csd", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
+    sibling_check: bool = Field(True, description="Require the SIBLING_KEYS fields to equal agent_grpo's.")
+
+
 class Params(Section):
     """The whole ``params.yaml``."""
 
@@ -398,7 +457,11 @@ class Params(Section):
     midtrain: TrainParams | None = Field(None, description="User-side mid-training (role-swapped chats).")
     sft: TrainParams | None = Field(None, description="ThoughtTrace SFT (reasoning + utterance).")
     sim_rl: SimRLParams | None = Field(None, description="Joint multi-domain simulator RL (FoldGRPO).")
+    agent_traces: AgentTracesParams = Field(default_factory=AgentTracesParams,
+                                            description="Oracle traces for the agent SFT warm start.")
+    agent_sft: TrainParams | None = Field(None, description="Agent SFT on successful oracle traces (warm start).")
     agent_grpo: AgentGRPOParams | None = Field(None, description="Agent multi-turn GRPO against the simulator.")
+    agent_csd: AgentCSDParams | None = Field(None, description="Agent GRPO + coached self-distillation (CSD).")
     validate_: ValidateParams = Field(
         default_factory=ValidateParams, alias="validate", description="great-expectations validation."
     )
@@ -410,6 +473,15 @@ class Params(Section):
         for name in self.role_swap.no_swap_sources:
             if "/" in name or name.endswith(".jsonl"):
                 raise ValueError(f"role_swap.no_swap_sources entries are source names (file stems), got {name!r}")
+        if self.agent_grpo is not None and self.agent_grpo.rollout.show_reward != self.agent_traces.show_reward:
+            raise ValueError("agent_traces.show_reward must equal agent_grpo.rollout.show_reward (the SFT traces "
+                             "and the RL rollouts must show the agent the same tool feedback)")
+        if self.agent_csd is not None and self.agent_grpo is not None and self.agent_csd.sibling_check:
+            diff = [k for k in SIBLING_KEYS if getattr(self.agent_csd, k) != getattr(self.agent_grpo, k)]
+            if diff:
+                raise ValueError(f"agent_csd differs from agent_grpo in {diff}: the CSD run must be the GRPO run's "
+                                 "sibling (same initial agent, data, seed and settings); set "
+                                 "agent_csd.sibling_check: false to compare deliberately different runs")
         return self
 
 

@@ -465,6 +465,52 @@ def gyms_spec(params: Params, split: str) -> Spec:
     )
 
 
+AGENT_ROLES = ("system", "user", "assistant", "tool")
+AGENT_REPLY_RE = r"(?s)^\[(action|answer|search)\] \S"
+
+
+def agent_traces_spec(params: Params, split: str) -> Spec:
+    """``<agent_traces.output_dir>/<split>.parquet``: rewarded oracle traces of the training gyms."""
+    train_gyms = list(params.gyms.train_gyms)
+    replies = pl.col("messages").list.eval(
+        pl.when(pl.element().struct.field("role") == "assistant").then(pl.element().struct.field("content")))
+    replies = replies.list.drop_nulls()
+    return Spec(
+        name=f"agent_traces/{split}",
+        columns={"data_source": "str", "gym": "str", "task_id": "str", "split": "str", "messages": MESSAGES,
+                 "turn_rewards": pl.List(pl.Float64), "total_reward": "float", "n_turns": "int64"},
+        key=("data_source", "task_id"),
+        min_rows=1 if split == "train" else 0,
+        checks=(
+            in_set("gym", train_gyms, "traces come from the training gyms only"),
+            in_set("split", [split], "the split column equals the file's split"),
+            between("total_reward", 1e-12, None, "only traces the gym rewarded (total reward > 0)"),
+            between("n_turns", 1, None, "at least one agent turn"),
+            unique("task_key", "one trace per (data_source, task_id)"),
+        ),
+        derived=(
+            Derived("task_key", _task_key(), None, "data_source:task_id"),
+            Derived("gym_matches_source", (pl.col("data_source") == pl.lit("interact_") + pl.col("gym")),
+                    doc="data_source == interact_<gym>", show={"gym": pl.col("gym")}),
+            Derived("roles_valid", _roles().list.eval(pl.element().is_in(list(AGENT_ROLES)).all())
+                    .list.first().fill_null(False), doc=f"message roles are in {list(AGENT_ROLES)}",
+                    show=ROLES_SHOWN),
+            Derived("ends_with_agent_reply", _roles().list.last() == "assistant",
+                    doc="the trace ends with the agent's final reply", show=ROLES_SHOWN),
+            Derived("replies_use_the_tool", replies.list.eval(pl.element().str.contains(AGENT_REPLY_RE).all())
+                    .list.first().fill_null(False),
+                    doc="every agent reply is `[action|answer|search] content` (the rollout interface)",
+                    show={"replies": replies.list.join(" | ").str.slice(0, 160)}),
+            Derived("turns_match_rewards", pl.col("turn_rewards").list.len() == pl.col("n_turns"),
+                    doc="one reward per agent turn"),
+            Derived("replies_match_turns", replies.list.len() == pl.col("n_turns"),
+                    doc="one agent reply per turn"),
+            Derived("reward_sums", (pl.col("turn_rewards").list.sum() - pl.col("total_reward")).abs() < 1e-9,
+                    doc="total_reward == sum(turn_rewards)"),
+        ),
+    )
+
+
 def quarantine_spec(stage: str) -> Spec:
     return Spec(
         name=f"quarantine/{stage}",

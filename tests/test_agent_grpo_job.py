@@ -93,6 +93,7 @@ def job(tmp_path_factory):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tracking"]["enabled"] = False
+    params.pop("agent_csd", None)   # its sibling check compares it with the agent_grpo edited here
     cfg = params["agent_grpo"]
     cfg.update(init_from=str(tmp / "agent"), data=str(tmp / "gyms.parquet"), gyms={"travel": 1.0, "persuade": 1.0},
                deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=2, prompts_per_step=2,

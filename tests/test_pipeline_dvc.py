@@ -118,7 +118,7 @@ def test_stage_runs_recorded_in_mlflow(project):
     assert any(k.startswith("input_sha256.") for k in rs.data.tags)
 
 
-TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl", "agent_grpo"]
+TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl", "agent_traces", "agent_sft", "agent_grpo", "agent_csd"]
 
 
 def test_full_repro_trains_through_sim_rl(project):
@@ -135,5 +135,39 @@ def test_full_repro_trains_through_sim_rl(project):
     assert rl["steps"] > 0 and rl["rollouts_total"] > 0 and rl["registered_version"]
     assert set(rl["task_rows"]) == {"usersim_behavior", "usersim_next_turn", "usersim_persona", "usersim_tom"}
     assert (project / "models" / "sim_rl" / "final" / "config.json").exists()
+    tr = json.loads((project / "metrics" / "agent_traces.json").read_text())
+    assert tr["rows_in"] == tr["rows_out"] + tr["rows_quarantined"] and tr["sizes"]["train"] > 0
+    assert all(v["success"] for v in tr["validation"].values())
+    sft = json.loads((project / "metrics" / "agent_sft.json").read_text())
+    assert sft["final_val_loss"] < sft["initial_val_loss"], sft
+    _check_agent_runs_in_mlflow(project)
     out, dt = _repro(project)
     assert "Running stage" not in out and dt <= 3.0, out
+
+
+def _check_agent_runs_in_mlflow(project: Path) -> None:
+    """agent_grpo and agent_csd: sibling child runs (same initial agent and seed) with per-step
+    reward curves; CSD adds its own per-step metrics; both agents registered with their alias."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("mimesis")
+    runs = {}
+    for r in client.search_runs([exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'"):
+        runs.setdefault(r.info.run_name, r)
+    grpo, csd = runs["agent_grpo"], runs["agent_csd"]
+    for r in (grpo, csd):
+        assert r.info.status == "FINISHED"
+        hist = client.get_metric_history(r.info.run_id, "reward/mean")
+        assert len(hist) >= 2, r.info.run_name
+        assert "invalid_total" in r.data.metrics and "tool_call_error_rate" in r.data.metrics
+    assert grpo.data.params["agent_grpo.init_from"] == csd.data.params["agent_csd.init_from"]
+    assert grpo.data.params["agent_grpo.seed"] == csd.data.params["agent_csd.seed"]
+    assert float(csd.data.params["agent_csd.csd.alpha"]) > 0
+    for key in ("csd/coached_turn_share", "csd/coach_ok", "csd/leaks_dropped", "csd/rows_skipped_width"):
+        assert key in csd.data.metrics, key
+    assert not any(k.startswith("csd/") for k in grpo.data.metrics)
+    versions = {v.version: v for v in client.search_model_versions("name='mimesis-agent'")}
+    aliases = client.get_registered_model("mimesis-agent").aliases
+    assert {"agent_sft", "agent_grpo", "agent_csd"} <= set(aliases), aliases
+    assert versions

@@ -28,11 +28,12 @@ from mimesis_lab.rl.job import Job, gather, make_rollout_backend, policy_state_d
     window_means
 from mimesis_lab.train.loop import TrainConfigError, _file_identity, _init_identity, code_identity
 
-__all__ = ["run_agent_grpo", "agent_grpo_fingerprint", "load_gym_rows", "PrivacyError"]
+__all__ = ["run_agent_grpo", "run_agent_csd", "agent_grpo_fingerprint", "load_gym_rows", "PrivacyError"]
 
 OPERATIONAL_KEYS = ("resume", "save_every", "keep_last", "log_every", "launcher", "output_dir", "save_rollouts",
                     "steps")
-SUMMARY_KEYS = ("reward/mean", "invalid_rate", "tool_call_error_rate", "turns_mean")
+SUMMARY_KEYS = ("reward/mean", "invalid_rate", "tool_call_error_rate", "turns_mean", "csd/loss", "csd/gate_mean",
+                "csd/coached_turn_share")
 MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic to count as a leak
 
 
@@ -55,12 +56,12 @@ def load_gym_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def agent_grpo_fingerprint(cfg: Any, ds_config: dict[str, Any]) -> str:
+def agent_grpo_fingerprint(cfg: Any, ds_config: dict[str, Any], phase: str = "agent_grpo") -> str:
     import hashlib
 
     section = {k: v for k, v in cfg.model_dump().items() if k not in OPERATIONAL_KEYS}
     user = _init_identity(cfg.user.model_path) if cfg.user.kind == "simulator" else cfg.user.openai.model_dump()
-    doc = {"phase": "agent_grpo", "section": section, "ds_config": ds_config, "init_from": _init_identity(cfg.init_from),
+    doc = {"phase": phase, "section": section, "ds_config": ds_config, "init_from": _init_identity(cfg.init_from),
            "data": _file_identity(cfg.data), "user": user, "code": code_identity()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -95,12 +96,30 @@ def _setup(job: Job) -> dict[str, Any]:
     by_gym: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_gym.setdefault(r["gym"], []).append(r)
+    tasks = {g: load_tasks(g) for g in by_gym}
+    csd = None
+    if getattr(cfg, "csd", None) is not None:
+        from mimesis_lab.models import assert_no_dropout
+        from mimesis_lab.rl.agent_csd import CSD
+
+        assert_no_dropout(job.engine.module)   # teacher and student forwards must not differ by dropout noise
+        forbidden = [cfg.user.openai.base_url] if cfg.user.kind == "openai" else []
+        csd = CSD(cfg, job.tokenizer, tasks, job.pad_id, forbidden_urls=forbidden)
     server, shim, model = _start_user_side(cfg)
-    job.state.update(by_gym=by_gym, tasks={g: load_tasks(g) for g in by_gym}, server=server, shim=shim,
+    if csd is not None and cfg.csd.coach.kind == "openai":
+        from mimesis_lab.judges.coach import check_coach_endpoint
+
+        check_coach_endpoint(cfg.csd.coach.openai.base_url, [shim.url] + ([server.url] if server else []))
+    show = ("reward/mean", "invalid_total", "tool_call_error_rate", "update/ppo_loss")
+    job.state.update(by_gym=by_gym, tasks=tasks, server=server, shim=shim, csd=csd,
                      user_model=model, backend=make_rollout_backend(cfg, job.engine, job.tokenizer),
-                     show=("reward/mean", "invalid_total", "tool_call_error_rate", "update/ppo_loss"))
-    return {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "user": cfg.user.kind,
+                     show=show + (("csd/loss", "csd/coached_turn_share") if csd is not None else ()))
+    info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "user": cfg.user.kind,
             "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit}
+    if csd is not None:
+        info.update(csd_alpha=cfg.csd.alpha, csd_beta=cfg.csd.beta, coach=cfg.csd.coach.kind,
+                    coach_style=cfg.csd.coach.style, placebo=cfg.csd.placebo)
+    return info
 
 
 def _privacy_leaks(tokenizer, trajs, privileged: dict[str, list[str]]) -> int:
@@ -150,10 +169,12 @@ def _step(job: Job, step: int) -> tuple[dict[str, float] | None, list[dict[str, 
                               top_p=cfg.rollout.top_p, seed=cfg.seed * 1_000_003 + step * 9973 + rank)
     trajs = run_agent_episodes(rows, gyms, ids, st["backend"], job.tokenizer, sampling,
                                max_turns=cfg.rollout.max_turns, max_total_tokens=cfg.rollout.max_total_tokens,
-                               show_reward=cfg.rollout.show_reward, step_timeout_s=cfg.rollout.step_timeout_s)
+                               show_reward=cfg.rollout.show_reward, step_timeout_s=cfg.rollout.step_timeout_s,
+                               users=users)
     t_roll = time.perf_counter() - t0
-    privileged = {}
+    privileged, replies = {}, {}
     for u, (_, tid) in zip(users, ids):
+        replies[tid] = list(u.replies)
         try:
             privileged[tid] = list(st["shim"].privileged(tid))
         except KeyError:      # the user side was never asked (e.g. FunctionGym)
@@ -164,7 +185,15 @@ def _step(job: Job, step: int) -> tuple[dict[str, float] | None, list[dict[str, 
     if leaks:
         raise PrivacyError(f"step {step + 1}: simulator reasoning found in {leaks} agent input(s)")
     rows_u, bstats = build_agent_rows(trajs, cfg.gamma, cfg.adv_eps, cfg.zero_credit, cfg.invalid_policy)
-    upd = ppo_update(job.engine, rows_u, cfg, random.Random(f"{cfg.seed}:{step}:update"), job.pad_id, world)
+    csd = st.get("csd")
+    t_csd = time.perf_counter()
+    if csd is not None:
+        csd.prepare(trajs, {r.rollout_id for r in rows_u}, privileged, replies,
+                    random.Random(f"{cfg.seed}:{step}:{rank}:csd"))
+    t_post = time.perf_counter() - t_csd
+    upd = ppo_update(job.engine, rows_u, cfg, random.Random(f"{cfg.seed}:{step}:update"), job.pad_id, world,
+                     aux=csd)
+    csd_counts = gather(csd.metrics()) if csd is not None else []
     all_trajs = [t for part in gather(trajs) for t in part]
     all_priv = {k: v for part in gather(privileged) for k, v in part.items()}
     bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats}
@@ -174,6 +203,11 @@ def _step(job: Job, step: int) -> tuple[dict[str, float] | None, list[dict[str, 
     m["invalid_rate"] = m["invalid_total"] / max(m["rollouts"], 1.0)
     m.update({f"batch/{k}": v for k, v in bsum.items()})
     m.update(upd)
+    if csd_counts:
+        summed = {k: sum(c[k] for c in csd_counts) for k in csd_counts[0]}
+        summed["csd/coached_turn_share"] = summed["csd/rows"] / summed["csd/turns"] if summed["csd/turns"] else 0.0
+        m.update(summed)
+        m["csd/post_pass_time_s"] = t_post
     m.update({"lr": lr, "rollout_time_s": t_roll, "episodes_per_s": len(all_trajs) / max(t_roll, 1e-9),
               "privileged_turns": float(sum(len(v) for v in all_priv.values())), "privacy_leaks": 0.0})
     records = [{**t.to_json(), "privileged": all_priv.get(t.traj_id, [])} for t in all_trajs]
@@ -187,21 +221,30 @@ def _summary(history: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def run_agent_grpo(params: Any) -> dict[str, Any] | None:
-    """Train ``params.agent_grpo`` on this rank; rank 0 returns the summary."""
-    cfg = params.agent_grpo
+def _run(phase: str, cfg: Any) -> dict[str, Any] | None:
     if cfg is None:
-        raise TrainConfigError("params has no `agent_grpo` section")
+        raise TrainConfigError(f"params has no `{phase}` section")
     job_state: dict[str, Any] = {}
 
     def setup(job: Job) -> dict[str, Any]:
-        info = _setup(job)
-        job_state.update(job.state)
-        return info
+        try:
+            return _setup(job)
+        finally:
+            job_state.update(job.state)
 
     try:
-        return run_rl_job("agent_grpo", cfg, lambda ds: agent_grpo_fingerprint(cfg, ds), setup, _step, _summary)
+        return run_rl_job(phase, cfg, lambda ds: agent_grpo_fingerprint(cfg, ds, phase), setup, _step, _summary)
     finally:
-        for key in ("shim", "server"):
+        for key in ("shim", "server", "csd"):
             if job_state.get(key) is not None:
-                job_state[key].stop()
+                getattr(job_state[key], "stop", getattr(job_state[key], "close", None))()
+
+
+def run_agent_grpo(params: Any) -> dict[str, Any] | None:
+    """Train ``params.agent_grpo`` on this rank; rank 0 returns the summary."""
+    return _run("agent_grpo", params.agent_grpo)
+
+
+def run_agent_csd(params: Any) -> dict[str, Any] | None:
+    """Train ``params.agent_csd`` (GRPO + CSD) on this rank; rank 0 returns the summary."""
+    return _run("agent_csd", params.agent_csd)

@@ -75,24 +75,38 @@ def policy_state_dict(engine) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in module.state_dict().items()}
 
 
-def ppo_update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int) -> dict[str, float]:
-    """PPO clip passes over this rank's rows; every rank runs the same number of backward/step calls."""
+AUX_KEYS = ("loss_sum", "tokens", "gate_sum", "delta_sum", "placebo_tokens", "teacher_minus_student_sum")
+
+
+def ppo_update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int, aux: Any = None) -> dict[str, float]:
+    """PPO clip passes over this rank's rows; every rank runs the same number of backward/step calls.
+
+    ``aux`` (optional, e.g. :class:`mimesis_lab.rl.agent_csd.CSD`) adds ``aux.alpha * L_aux`` with
+    ``L_aux`` a token mean over the minibatch's ``aux.tokens(row)`` tokens: per micro-chunk
+    ``aux.loss(engine, chunk_rows, batch, logp)`` returns the chunk's token mean, its token count
+    and stat sums (:data:`AUX_KEYS`), reported as ``csd/loss``, ``csd/gate_mean``, ``csd/delta_mean``…
+    """
     device = engine.device
     stats = {"loss_sum": 0.0, "tokens": 0.0, "clipped": 0.0, "kl_sum": 0.0, "mismatch_sum": 0.0,
              "mismatch_tokens": 0.0, "opt_steps": 0.0, "grad_norm_sum": 0.0, "grad_norms": 0.0}
+    aux_stats = dict.fromkeys(AUX_KEYS, 0.0)
+    use_aux = aux is not None and aux.alpha > 0
     first = True
     for _ in range(cfg.ppo_epochs):
         parts = minibatch_indices(len(rows), cfg.minibatches, rng) if rows else []
         parts += [[] for _ in range(cfg.minibatches - len(parts))]
         for part in parts:
             n_tok_local = float(sum(rows[i].n_response for i in part))
+            n_aux_local = float(sum(aux.tokens(rows[i]) for i in part)) if use_aux else 0.0
             chunks = micro_chunks(part, cfg.micro_rows) if part else []
-            n_tok, n_micro = all_reduce([n_tok_local])[0], int(all_reduce([float(len(chunks))], "max")[0])
+            n_tok, n_aux = all_reduce([n_tok_local, n_aux_local])
+            n_micro = int(all_reduce([float(len(chunks))], "max")[0])
             if n_tok == 0:
                 continue
             for k in range(n_micro):
                 if k < len(chunks):
-                    b = pad_update_rows([rows[i] for i in chunks[k]], pad_id, device)
+                    chunk_rows = [rows[i] for i in chunks[k]]
+                    b = pad_update_rows(chunk_rows, pad_id, device)
                     logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
                     n_here = float(b["mask"].sum())
                     loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
@@ -107,10 +121,19 @@ def ppo_update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int) -
                         if first:
                             stats["mismatch_sum"] += float(log_ratio.abs().sum())
                             stats["mismatch_tokens"] += n_here
-                    engine.backward(loss * (n_here / n_tok) * world, scale_wrt_gas=False)
+                    total = loss * (n_here / n_tok) * world
+                    if use_aux:
+                        a_loss, a_n, a_stats = aux.loss(engine, chunk_rows, b, logp)
+                        if a_n and n_aux:
+                            total = total + aux.alpha * a_loss * (a_n / n_aux) * world
+                        for key in AUX_KEYS:
+                            aux_stats[key] += a_stats.get(key, 0.0)
+                    engine.backward(total, scale_wrt_gas=False)
                 else:   # this rank has fewer chunks: a zero-weight pass keeps the collectives in step
                     dummy = torch.zeros((1, 2), dtype=torch.long, device=device)
                     logp = token_logprobs(engine, dummy, torch.ones_like(dummy))
+                    if use_aux:
+                        aux.loss(engine, [], {"input_ids": dummy}, logp[:, :0])
                     engine.backward(logp.sum() * 0.0, scale_wrt_gas=False)
             first = False
             engine.step()
@@ -130,6 +153,14 @@ def ppo_update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int) -
         out["update/logp_mismatch"] = mm_sum / mm_tok   # rollout vs trainer log-probs before the first step
     if stats["grad_norms"]:
         out["update/grad_norm"] = stats["grad_norm_sum"] / stats["grad_norms"]
+    if use_aux:
+        a = dict(zip(AUX_KEYS, all_reduce([aux_stats[k] for k in AUX_KEYS])))
+        out["csd/tokens"] = a["tokens"]
+        if a["tokens"]:
+            out.update({"csd/loss": a["loss_sum"] / a["tokens"], "csd/gate_mean": a["gate_sum"] / a["tokens"],
+                        "csd/delta_mean": a["delta_sum"] / a["tokens"],
+                        "csd/teacher_minus_student": a["teacher_minus_student_sum"] / a["tokens"],
+                        "csd/placebo_token_share": a["placebo_tokens"] / a["tokens"]})
     return out
 
 

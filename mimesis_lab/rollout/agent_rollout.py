@@ -91,6 +91,7 @@ class AgentTurn:
     content: str | None = None
     feedback: str = ""
     parse_error: str | None = None
+    user_replies: int = 0     # the user side's public replies so far, after this turn (CSD alignment)
 
 
 @dataclass
@@ -188,8 +189,13 @@ def run_agent_episodes(
     show_reward: bool = True,
     step_timeout_s: float = 120.0,
     check_every_turn: bool = False,
+    users: Sequence[Any] | None = None,
 ) -> list[Trajectory]:
-    """Roll out one trajectory per ``(row, gym)`` with one batched generation call per round."""
+    """Roll out one trajectory per ``(row, gym)`` with one batched generation call per round.
+
+    ``users`` (optional, one per row): the gyms' user sides; after each turn the number of public
+    replies ``len(users[i].replies)`` is recorded in :attr:`AgentTurn.user_replies`, which aligns
+    the simulator's reasoning entries with the agent's turns (CSD)."""
     t0 = time.perf_counter()
     if hasattr(backend, "reset_prefix_cache"):
         backend.reset_prefix_cache()   # cached KV belongs to the weights of an earlier call
@@ -234,7 +240,8 @@ def run_agent_episodes(
                     continue
                 text = tokenizer.decode(g.token_ids, skip_special_tokens=False)
                 reply = text[: -len("<|im_end|>")] if text.endswith("<|im_end|>") else text
-                turn = AgentTurn(list(g.token_ids), list(g.logprobs), [], reply)
+                turn = AgentTurn(list(g.token_ids), list(g.logprobs), [], reply,
+                                 user_replies=tr.turns[-1].user_replies if tr.turns else 0)
                 tr.turns.append(turn)
                 tr.messages.append({"role": "assistant", "content": reply})
                 parsed = parse_tool_call(reply)
@@ -255,6 +262,9 @@ def run_agent_episodes(
                     except Exception as e:
                         tr.invalid, tr.invalid_detail, tr.done = "env_error", f"{type(e).__name__}: {e}", True
                         continue
+                    finally:
+                        if users is not None:
+                            turn.user_replies = len(getattr(users[i], "replies", ()))
                 turn.reward = float(result.reward)
                 turn.feedback = result.observation
                 last = len(tr.turns) >= max_turns

@@ -58,6 +58,7 @@ class EndpointUser:
                                       max_retries=max_retries, backoff_s=backoff_s, max_concurrency=1)
         self.calls = 0
         self.errors = 0
+        self.replies: list[str] = []   # public replies in order (CSD aligns them with the agent's turns)
 
     def respond(self, messages: list[dict[str, str]]) -> UserReply:
         self.calls += 1
@@ -77,6 +78,7 @@ class EndpointUser:
         if not text:
             self.errors += 1
             return UserReply(None, "user endpoint returned an empty public reply")
+        self.replies.append(text)
         return UserReply(text)
 
     # -- the shim's side routes (only meaningful for an episode URL on the shim)

@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m mimesis_lab.train.launch", description=main.__doc__)
-    ap.add_argument("--phase", required=True, choices=["midtrain", "sft"])
+    ap.add_argument("--phase", required=True, choices=["midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd"])
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="default: params.<phase>.world_size")
     ap.add_argument("--launcher", choices=["deepspeed", "torchrun"], default=None,

@@ -1,4 +1,4 @@
-"""Per-rank job entry point: ``python -m mimesis_lab.train.run --phase midtrain|sft|sim_rl|agent_grpo --params params.yaml``.
+"""Per-rank job entry point: ``python -m mimesis_lab.train.run --phase midtrain|sft|agent_sft|sim_rl|agent_grpo|agent_csd --params params.yaml``.
 
 This is what ``deepspeed --module`` / ``torchrun -m`` start on every rank (see :mod:`.launch`).
 Run alone with plain ``python -m`` it is a world-size-1 job: missing ``RANK``, ``WORLD_SIZE``,
@@ -32,7 +32,7 @@ def _standalone_env() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mimesis_lab.train.run", description=__doc__.splitlines()[0])
-    ap.add_argument("--phase", required=True, choices=["midtrain", "sft", "sim_rl", "agent_grpo"], help="params.yaml section to train")
+    ap.add_argument("--phase", required=True, choices=["midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd"], help="params.yaml section to train")
     ap.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     args = ap.parse_args(argv)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from mimesis_lab.train.data import DataError
     from mimesis_lab.train.loop import ResumeError, TrainConfigError, run_training
 
-    from mimesis_lab.rl.agent_grpo import run_agent_grpo
+    from mimesis_lab.rl.agent_grpo import run_agent_csd, run_agent_grpo
     from mimesis_lab.rl.sim_rl import run_sim_rl
 
     clear = (ConfigError, DataError, ResumeError, TrainConfigError, ModelLoadError, TokenizerLoadError)
@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             run_sim_rl(params)
         elif args.phase == "agent_grpo":
             run_agent_grpo(params)
+        elif args.phase == "agent_csd":
+            run_agent_csd(params)
         else:
             run_training(args.phase, params)
     except clear as e:

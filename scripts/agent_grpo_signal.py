@@ -1,0 +1,196 @@
+"""The agent learning-signal check: on TravelGym (the easiest training gym), mean reward must rise
+under multi-turn GRPO with a fixed seed.
+
+The agent is a tiny model (its tokenizer trained on the travel prompts and oracle traces) given a
+*brief* warm start on the successful oracle traces of the travel training tasks — enough to use the
+``[search]``/``[answer]`` interface some of the time, far from solving the tasks. The user side
+is a cooperative scripted user served over HTTP behind the real privileged shim (it answers with
+private reasoning and a public reply). Everything else is the real pipeline: the ``agent_grpo``
+Prefect flow, the DeepSpeed job, per-turn rewards, R2G credit, group-normalised advantages, the
+PPO-clip update and MLflow (the reward curve is the child run's ``reward/mean`` metric).
+
+    python scripts/agent_grpo_signal.py --out /tmp/agent_signal [--steps 30] [--tracking-uri sqlite:///mlflow/mlflow.db]
+
+``tests/test_agent_grpo_flow.py`` uses :func:`build` and :func:`run`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+USER_REPLY = "<think>I care about the price and the location most.</think>The price and the location matter most to me."
+
+
+class CooperativeUser(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint that always gives the same cooperative answer."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(n)
+        body = json.dumps({"id": "u", "object": "chat.completion", "model": "user", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": USER_REPLY}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def travel_rows() -> list[dict]:
+    """The travel training rows in the ``gyms`` stage schema."""
+    from mimesis_lab.envs.gyms.registry import MODULES, load_tasks
+
+    rows = []
+    for r in MODULES["travel"].build_rows(load_tasks("travel"), "train"):
+        rows.append({"data_source": r["data_source"], "gym": "travel", "task_id": str(r["reward_model"]["id"]),
+                     "split": "train", "prompt": r["prompt"], "ability": r["ability"],
+                     "reward_model": json.dumps(r["reward_model"]), "extra_info": json.dumps(r["extra_info"])})
+    return rows
+
+
+def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int) -> dict:
+    """Tokenizer + tiny model, fine-tuned for ``sft_steps`` steps on the rewarded oracle traces."""
+    import random
+
+    import torch
+
+    from mimesis_lab.chat import tokenize_chat
+    from mimesis_lab.config import ModelParams
+    from mimesis_lab.envs.gyms.experts import expert_trace
+    from mimesis_lab.envs.gyms.registry import load_tasks
+    from mimesis_lab.models import build_tiny_model, save_hf
+    from mimesis_lab.tokenizer import train_tokenizer
+
+    tasks = {"travel": load_tasks("travel")}
+    decoded = [dict(r, reward_model=json.loads(r["reward_model"]), extra_info=json.loads(r["extra_info"]))
+               for r in rows]
+    traces = [t for t in (expert_trace(r, tasks) for r in decoded) if t is not None]
+    texts = [m["content"] for t in traces for m in t["messages"]]
+    tok = train_tokenizer(texts * 3, vocab_size=1500, min_frequency=1)
+    torch.manual_seed(seed)
+    model = build_tiny_model(ModelParams(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                         max_position_embeddings=2048, seed=seed), len(tok), tok.pad_token_id,
+                             tok.eos_token_id)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    examples = []
+    for t in traces:
+        ids, mask = tokenize_chat(tok, t["messages"])
+        labels = [i if m else -100 for i, m in zip(ids, mask)]
+        examples.append((torch.tensor([ids]), torch.tensor([labels])))
+    rng = random.Random(seed)
+    losses = []
+    for _ in range(sft_steps):
+        ids, labels = examples[rng.randrange(len(examples))]
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    save_hf(model, tok, out / "init")
+    return {"traces": len(traces), "sft_steps": sft_steps, "sft_final_loss": sum(losses[-5:]) / max(1, len(losses[-5:]))}
+
+
+def build(out: Path, *, steps: int = 30, sft_steps: int = 150, tracking_uri: str | None = None,
+          experiment: str = "agent-grpo-signal", seed: int = 11, lr: float = 2e-3, prompts: int = 8, rollouts: int = 4,
+          user_url: str = "http://127.0.0.1:9/v1") -> Path:
+    """Write the rows, the warm-started agent and ``params.yaml`` under ``out``; return the params path."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = travel_rows()
+    pl.DataFrame(rows).write_parquet(out / "travel.parquet")
+    info = warm_start(out, rows, sft_steps=sft_steps, seed=seed)
+    (out / "warm_start.json").write_text(json.dumps(info, indent=2))
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["tracking"].update(tracking_uri=tracking_uri or f"sqlite:///{out / 'mlflow.db'}",
+                              artifact_location=str(out / "mlflow-artifacts"), experiment=experiment,
+                              agent_model="mimesis-agent-signal")
+    params.pop("agent_csd", None)   # its sibling check compares it with the agent_grpo edited here
+    cfg = params["agent_grpo"]
+    cfg.update(init_from=str(out / "init"), data=str(out / "travel.parquet"), gyms={"travel": 1.0},
+               deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=steps, prompts_per_step=prompts,
+               rollouts_per_prompt=rollouts, minibatches=1, micro_rows=32, lr=lr, seed=seed,
+               save_every=max(1, steps // 2), output_dir=str(out / "agent_grpo"))
+    cfg["user"].update(kind="openai", openai={**cfg["user"]["openai"], "base_url": user_url, "max_retries": 0})
+    cfg["rollout"].update(max_turns=3, max_new_tokens=12, batch_size=32)
+    path = out / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def serve_user() -> ThreadingHTTPServer:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), CooperativeUser)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def run(params_path: Path, cwd: Path, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """Run the ``agent_grpo`` flow on ``params_path`` with the scripted user served for its duration."""
+    srv = serve_user()
+    params = yaml.safe_load(params_path.read_text())
+    params["agent_grpo"]["user"]["openai"]["base_url"] = f"http://127.0.0.1:{srv.server_port}/v1"
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("MLFLOW_RUN_ID", None)
+    try:
+        return subprocess.run([sys.executable, "-m", "flows.agent", "--phases", "agent_grpo", "--params",
+                               str(params_path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        srv.shutdown()
+
+
+def reward_curve(out: Path) -> list[float]:
+    recs = [json.loads(x) for x in (out / "agent_grpo" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["metrics"].get("reward/mean", float("nan")) for r in recs if r.get("kind") == "train"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--rollouts", type=int, default=4)
+    ap.add_argument("--tracking-uri", default=None, help="default: <out>/mlflow.db")
+    ap.add_argument("--experiment", default="agent-grpo-signal")
+    ap.add_argument("--no-run", action="store_true")
+    args = ap.parse_args(argv)
+    uri = args.tracking_uri
+    if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{(Path.cwd() / uri[len('sqlite:///'):]).resolve()}"
+    out = args.out.resolve()
+    p = build(out, steps=args.steps, sft_steps=args.sft_steps, tracking_uri=uri, experiment=args.experiment, lr=args.lr, prompts=args.prompts, rollouts=args.rollouts,
+              seed=args.seed)
+    print(f"wrote {p}: {(out / 'warm_start.json').read_text()}")
+    if args.no_run:
+        return 0
+    res = run(p, out)
+    sys.stdout.write(res.stdout[-3000:])
+    sys.stderr.write(res.stderr[-3000:])
+    if res.returncode == 0:
+        curve = reward_curve(out)
+        print("reward/mean per step:", " ".join(f"{x:.3f}" for x in curve))
+    return res.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""CSD wired into the agent job (SPEC §3.3): turn alignment with the simulator's replies, the
+teacher forward on left-padded rows, the loss term inside the PPO update (value and gradient
+against a hand-built teacher), the coach-endpoint precheck, leak dropping, placebo rows from
+another episode, and the sibling check between ``agent_grpo`` and ``agent_csd``."""
+from __future__ import annotations
+
+import copy
+import random
+import types
+
+import pytest
+import torch
+import yaml
+
+from mimesis_lab.rl.agent_csd import CSD, history_before, teacher_logprobs, turn_alignment, turn_positions
+from mimesis_lab.rl.losses import csd_loss
+from mimesis_lab.rl.policy import TokenRow, pad_update_rows, token_logprobs
+from mimesis_lab.rollout.agent_rollout import AgentTurn, Trajectory
+from tests.conftest import ROOT
+
+
+def _turn(n_ids: int, user_replies: int, start: int = 10, text: str = "[action] hi") -> AgentTurn:
+    return AgentTurn(list(range(start, start + n_ids)), [-1.0] * n_ids, [5, 6], text, user_replies=user_replies)
+
+
+def test_turn_alignment_uses_reply_counts():
+    # turn 0 asks the user (reply 0), turn 1 searches (no reply), turn 2 asks again (reply 1)
+    turns = [_turn(2, 1), _turn(2, 1), _turn(2, 2)]
+    got = turn_alignment(turns, ["z0", "z1"], ["x0", "x1"])
+    assert got == [("", "x0"), ("z0", ""), ("z0", "x1")]
+    # an explicit empty reasoning entry keeps the alignment
+    assert turn_alignment(turns, ["", "z1"], ["x0", "x1"]) == [("", "x0"), ("", ""), ("", "x1")]
+    assert turn_alignment([], [], []) == []
+
+
+def test_history_before_and_positions():
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a0"}, {"role": "tool", "content": "t0"},
+            {"role": "assistant", "content": "a1"}]
+    assert [m["content"] for m in history_before(msgs, 0)] == ["s", "u"]
+    assert [m["content"] for m in history_before(msgs, 1)] == ["s", "u", "a0", "t0"]
+    with pytest.raises(ValueError):
+        history_before(msgs, 2)
+    tr = Trajectory("g", "r", "interact_travel", "t1", [1, 2, 3], msgs, turns=[_turn(2, 0), _turn(3, 0)])
+    assert turn_positions(tr) == [[3, 4], [7, 8, 9]]
+    assert sum(turn_positions(tr), []) == tr.response_positions()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from mimesis_lab.config import ModelParams
+    from mimesis_lab.models import build_tiny_model
+    from mimesis_lab.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["I need a hotel in Lisbon near the beach. [search] hotel [answer] H3 "
+                           "Ask about the budget first. Which area do you prefer?"] * 40, vocab_size=300, min_frequency=1)
+    model = build_tiny_model(ModelParams(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                         max_position_embeddings=512, seed=5), len(tok), tok.pad_token_id,
+                             tok.eos_token_id).eval()
+    return tok, model
+
+
+def test_teacher_logprobs_left_padding_matches_unpadded(tiny):
+    _, model = tiny
+    short, long_ = [3, 8, 9, 12, 7], [4, 5, 6, 3, 8, 9, 12, 7, 11]
+    ids = torch.tensor([[0] * 4 + short, long_])
+    attn = torch.tensor([[0] * 4 + [1] * 5, [1] * 9])
+    with torch.no_grad():
+        padded = teacher_logprobs(model, ids, attn)
+        alone = token_logprobs(model, torch.tensor([short]), torch.ones(1, 5, dtype=torch.long))
+        alone_long = token_logprobs(model, torch.tensor([long_]), torch.ones(1, 9, dtype=torch.long))
+    assert torch.allclose(padded[0, 4:], alone[0], atol=1e-5)
+    assert torch.allclose(padded[1], alone_long[0], atol=1e-5)
+
+
+def _csd_cfg(**over):
+    from mimesis_lab.config import load_params
+
+    return load_params(ROOT / "params.yaml").agent_csd.model_copy(
+        update={"csd": load_params(ROOT / "params.yaml").agent_csd.csd.model_copy(update=over)})
+
+
+def _traj(tok, tid: str, reply_text: str = "[answer] H3", user_reason: str = "I wonder if they will ask me?"):
+    prompt = [{"role": "system", "content": "You help travellers."}, {"role": "user", "content": "I need a hotel."}]
+    p_ids = tok.encode(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False),
+                       add_special_tokens=False)
+    r0 = tok.encode("[action] Which area do you prefer?", add_special_tokens=False)
+    env0 = tok.encode("<|im_end|>\n<|im_start|>tool\nNear the beach.<|im_end|>\n<|im_start|>assistant\n",
+                      add_special_tokens=False)
+    r1 = tok.encode(reply_text, add_special_tokens=False)
+    t0 = AgentTurn(r0, [-2.0] * len(r0), env0, "[action] Which area do you prefer?", reward=0.0, choice="action",
+                   user_replies=1)
+    t1 = AgentTurn(r1, [-2.0] * len(r1), [], reply_text, reward=1.0, choice="answer", user_replies=1)
+    msgs = prompt + [{"role": "assistant", "content": t0.text}, {"role": "tool", "content": "Near the beach."},
+                     {"role": "assistant", "content": t1.text}]
+    return Trajectory("g0", tid, "interact_travel", "travel-1", p_ids, msgs, turns=[t0, t1])
+
+
+def test_csd_loss_term_matches_hand_built_teacher(tiny):
+    """The chunk's CSD value equals csd_loss over a teacher computed row by row without padding,
+    and the gradient reaches the student only."""
+    tok, model = tiny
+    cfg = _csd_cfg(turns_per_trajectory=2, placebo=False, leak_check=False, alpha=0.5)
+    csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
+    trajs = [_traj(tok, "a"), _traj(tok, "b", reply_text="[search] hotel")]
+    reason = "They have not asked about my budget yet. Do they need it?"
+    st = csd.prepare(trajs, {"a", "b"}, {"a": [reason], "b": [reason]}, {"a": ["Near the beach."],
+                     "b": ["Near the beach."]}, random.Random(0))
+    assert st.counts["coach_ok"] >= 2 and st.counts["rows"] >= 2
+    rows = [TokenRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
+                     tuple([0.1] * len(t.response_positions())), "g0", t.traj_id) for t in trajs]
+    b = pad_update_rows(rows, tok.pad_token_id)
+    logp = token_logprobs(model, b["input_ids"], b["attention_mask"])
+    value, n, stats = csd.loss(model, rows, b, logp)
+    # the hand-built reference: each teacher row alone, mapped by positions
+    teacher = torch.full_like(logp, float("nan"))
+    mask = torch.zeros_like(logp)
+    for j, r in enumerate(rows):
+        for trow in st.rows[r.rollout_id]:
+            with torch.no_grad():
+                lp = token_logprobs(model, torch.tensor([trow.input_ids]), torch.ones(1, len(trow.input_ids),
+                                                                                      dtype=torch.long))[0]
+            for q, p in zip(trow.teacher_positions, trow.student_positions):
+                teacher[j, p - 1] = lp[q - 1]
+                mask[j, p - 1] = 1.0
+    want = csd_loss(logp, torch.nan_to_num(teacher), mask, beta=cfg.csd.beta)
+    assert n == float(mask.sum()) == stats["tokens"]
+    assert torch.allclose(value, want, atol=1e-5)
+    student = logp.detach().requires_grad_(True)
+    v2, _, _ = csd.loss(model, rows, b, student)
+    v2.backward()
+    g = torch.sigmoid(cfg.csd.beta * (torch.nan_to_num(teacher) - logp.detach()))
+    expect = torch.where(mask != 0, -g / mask.sum(), torch.zeros_like(g))
+    assert torch.allclose(student.grad, expect, atol=1e-6)
+
+
+def test_leaky_notes_dropped_and_counted(tiny):
+    tok, _ = tiny
+
+    class Leaky:
+        kind = "test"
+
+        def coach(self, inp):
+            from mimesis_lab.judges.coach import CoachResult
+            return CoachResult("Recommend Casa das Ondas, it is by the beach and pet friendly.", "ok")
+
+        def close(self):
+            pass
+
+    from mimesis_lab.envs.gyms.registry import load_tasks
+
+    cfg = _csd_cfg(turns_per_trajectory=2, placebo=False)
+    csd = CSD(cfg, tok, tasks={"travel": load_tasks("travel")}, pad_id=tok.pad_token_id)
+    csd.coach = Leaky()
+    st = csd.prepare([_traj(tok, "a")], {"a"}, {"a": ["z"]}, {"a": ["x"]}, random.Random(0))
+    assert st.counts["coach_ok"] == 2 and st.counts["leaks_dropped"] == 2 and st.counts["rows"] == 0
+    assert not st.rows
+
+
+def test_placebo_rows_come_from_other_episodes(tiny):
+    tok, _ = tiny
+    cfg = _csd_cfg(turns_per_trajectory=1, placebo=True, placebo_min_pool=2, leak_check=False)
+    csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
+    notes = iter([f"Note number {i}: ask about the remaining details." for i in range(100)])
+    csd.coach = types.SimpleNamespace(coach=lambda inp: __import__("mimesis_lab.judges.coach", fromlist=["x"])
+                                      .CoachResult(next(notes), "ok"), close=lambda: None)
+    trajs = [_traj(tok, f"e{i}") for i in range(4)]
+    st = csd.prepare(trajs, {t.traj_id for t in trajs}, {}, {}, random.Random(1))
+    assert st.counts["rows"] == 4 and st.counts["placebo_rows"] == 4
+    for tid, prows in st.placebo.items():
+        real = st.rows[tid][0]
+        for p in prows:
+            assert p.note != real.note
+            assert p.input_ids[-len(real.teacher_positions):] == real.input_ids[-len(real.teacher_positions):]
+            owner = [k for k, rs in st.rows.items() if rs[0].note == p.note]
+            assert owner and owner[0] != tid          # drawn from another episode
+
+
+def test_skipped_gyms_and_alpha_zero(tiny):
+    tok, _ = tiny
+    csd = CSD(_csd_cfg(skip_gyms=["travel"]), tok, tasks={}, pad_id=tok.pad_token_id)
+    st = csd.prepare([_traj(tok, "a")], {"a"}, {}, {}, random.Random(0))
+    assert st.counts["trajectories_skipped_gym"] == 1 and not st.rows
+    off = CSD(_csd_cfg(alpha=0.0), tok, tasks={}, pad_id=tok.pad_token_id)
+    assert not off.prepare([_traj(tok, "a")], {"a"}, {}, {}, random.Random(0)).rows
+
+
+def test_coach_endpoint_must_differ_from_the_simulator(tiny):
+    tok, _ = tiny
+    cfg = _csd_cfg()
+    coach = cfg.csd.coach.model_copy(update={"kind": "openai", "openai": cfg.csd.coach.openai.model_copy(
+        update={"base_url": "http://localhost:8000/v1"})})
+    bad = cfg.model_copy(update={"csd": cfg.csd.model_copy(update={"coach": coach})})
+    with pytest.raises(ValueError, match="same"):
+        CSD(bad, tok, tasks={}, pad_id=0, forbidden_urls=["http://127.0.0.1:8000/v1"])
+    CSD(bad, tok, tasks={}, pad_id=0, forbidden_urls=["http://127.0.0.1:8002/v1"]).close()
+
+
+def test_params_sibling_check():
+    from mimesis_lab.config import ConfigError, parse_params
+
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    parse_params(copy.deepcopy(data))
+    bad = copy.deepcopy(data)
+    bad["agent_csd"]["seed"] = 99
+    with pytest.raises(ConfigError, match="sibling"):
+        parse_params(bad)
+    bad["agent_csd"]["sibling_check"] = False
+    parse_params(bad)
+    paper = yaml.safe_load((ROOT / "configs/paper/params.paper.yaml").read_text())
+    assert paper  # the paper profile still parses with the CSD section (see test_config)
