@@ -17,23 +17,32 @@ step-time ratio <= 1.3x; PASS/FAIL is printed against it, but the exit status is
 (a benchmark, not a test) unless a job fails.
 
     python bench/bench_csd.py [--out DIR] [--steps 4] [--prompts 4] [--rollouts 4] [--repeat 1]
-                              [--placebo | --no-placebo] [--json results.json]
+                              [--placebo | --no-placebo] [--no-ask] [--no-varied-user] [--json results.json]
 
-The setup comes from ``scripts/agent_grpo_signal.py`` (``build`` + the scripted user server);
-tracking is disabled. Each job runs as ``python -m mimesis_lab.train.run --phase <phase>``
+The setup comes from ``scripts/agent_grpo_signal.py`` (``build``: tiny warm-started travel agent,
+travel rows, params; tracking disabled here), with two adjustments so that CSD has work to do:
+the warm-start oracle traces ask the user once before searching (the stock travel oracle never
+asks, so the agent would never talk to the user and the coach would have no cue: zero teacher
+rows), and the scripted user varies its answer (deterministically per conversation) so the
+template coach writes different notes and placebo rows can be drawn. ``--no-ask`` and
+``--no-varied-user`` restore the stock setup. Each job runs as ``python -m mimesis_lab.train.run --phase <phase>``
 (a world-size-1 DeepSpeed job on CPU) with ``OMP_NUM_THREADS=1``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -42,13 +51,88 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from agent_grpo_signal import build, serve_user  # noqa: E402
+from agent_grpo_signal import USER_REPLY, build, serve_user  # noqa: E402
 
 TARGET = 1.3
+ASK = "What matters most to you: the price or the location?"
+
+
+class _StubUser:
+    """The scripted user's answer, in-process (for the warm-start oracle traces only)."""
+
+    def respond(self, view):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(text=USER_REPLY.split("</think>")[-1], error=None)
+
+
+#: Scripted user answers with different template-coach cues (unmet budget/location, unmet
+#: amenities, ready, negative + question), so the coach writes different notes and the placebo
+#: pool has a note from another episode that differs from the current one.
+VARIED_REPLIES = (
+    USER_REPLY,
+    "<think>I need a pool and breakfast; they have not asked about that yet.</think>I would like a pool and breakfast.",
+    "<think>That covers everything, I am ready for a recommendation.</think>Sounds good, go ahead.",
+    "<think>This is frustrating, they are not listening.</think>No, that is not what I asked. Which options are near "
+    "the beach?",
+)
+
+
+class VariedUser(BaseHTTPRequestHandler):
+    """Like the signal script's cooperative user, but the answer is picked by a hash of the request
+    body, so it is deterministic per conversation (the same in the GRPO and the CSD job)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        reply = VARIED_REPLIES[int(hashlib.sha256(raw).hexdigest(), 16) % len(VARIED_REPLIES)]
+        body = json.dumps({"id": "u", "object": "chat.completion", "model": "user", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve_varied_user() -> ThreadingHTTPServer:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), VariedUser)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@contextlib.contextmanager
+def asking_oracle():
+    """Make the travel oracle ask the user once before searching (``[action] ...``), played against
+    a stub user, for the duration of ``build``. The stock oracle never asks, so the warm-started
+    agent never talks to the user, no turn has simulator reasoning or a reply, the template coach
+    has no cue, and CSD would build no teacher rows at all (nothing to measure)."""
+    import mimesis_lab.envs.gyms.experts as ex
+
+    orig_actions, orig_gym = ex.expert_actions, ex.gym_for_row
+
+    def actions(gym, task):
+        acts = orig_actions(gym, task)
+        return [("action", ASK)] + acts if gym == "travel" and acts else acts
+
+    def gym_for_row(row, tasks, user=None, **kw):
+        return orig_gym(row, tasks, user=user if user is not None else _StubUser(), **kw)
+
+    ex.expert_actions, ex.gym_for_row = actions, gym_for_row
+    try:
+        yield
+    finally:
+        ex.expert_actions, ex.gym_for_row = orig_actions, orig_gym
+
+
+TURNS = 1   # coached turns per trajectory (--turns; the params default)
 
 
 def _csd_section(placebo: bool) -> dict:
-    return {"alpha": 0.01, "beta": 5.0, "placebo": placebo, "placebo_min_pool": 2, "turns_per_trajectory": 2,
+    return {"alpha": 0.01, "beta": 5.0, "placebo": placebo, "placebo_min_pool": 2, "turns_per_trajectory": TURNS,
             "skip_gyms": [], "leak_check": True, "coach": {"kind": "template", "style": "prospective"}}
 
 
@@ -119,15 +203,25 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="GRPO/CSD job pairs, alternating")
     ap.add_argument("--placebo", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--turns", type=int, default=1, help="csd.turns_per_trajectory")
+    ap.add_argument("--ask", action=argparse.BooleanOptionalAction, default=True,
+                    help="warm-start on oracle traces that ask the user once (default; without it the agent "
+                         "never asks and CSD has no rows)")
+    ap.add_argument("--varied-user", action=argparse.BooleanOptionalAction, default=True,
+                    help="scripted user with varied answers (default; the fixed one of the signal script makes "
+                         "every template note identical, so no placebo row can ever be drawn)")
     args = ap.parse_args(argv)
+    global TURNS
+    TURNS = args.turns
 
     out = (args.out or Path(tempfile.mkdtemp(prefix="bench_csd_"))).resolve()
     t0 = time.perf_counter()
-    base_path = build(out, steps=args.steps, tracking_uri=None, seed=11, lr=2e-3, prompts=args.prompts,
-                      rollouts=args.rollouts)
+    with asking_oracle() if args.ask else contextlib.nullcontext():
+        base_path = build(out, steps=args.steps, tracking_uri=None, seed=11, lr=2e-3, prompts=args.prompts,
+                          rollouts=args.rollouts)
     print(f"built {out} in {time.perf_counter() - t0:.1f}s", flush=True)
     base = yaml.safe_load(base_path.read_text())
-    srv = serve_user()
+    srv = serve_varied_user() if args.varied_user else serve_user()
     try:
         base["agent_grpo"]["user"]["openai"]["base_url"] = f"http://127.0.0.1:{srv.server_port}/v1"
         paths = write_params(base, out, args.placebo)
@@ -157,7 +251,8 @@ def main(argv=None) -> int:
     gr, cr = _mean(col("agent_grpo", "rollout_time_s")), _mean(col("agent_csd", "rollout_time_s"))
     res = {
         "config": {"steps": args.steps, "prompts": args.prompts, "rollouts": args.rollouts, "repeat": args.repeat,
-                   "placebo": args.placebo, "out": str(out), "target_step_time_ratio": TARGET},
+                   "placebo": args.placebo, "ask_warm_start": args.ask,
+                   "varied_user": args.varied_user, "out": str(out), "target_step_time_ratio": TARGET},
         "same_step1_batch": all(same_batch),
         "step1_time_s": {"grpo": g1, "csd": c1, "ratio": _ratio(c1, g1)},
         "mean_step_time_s": {"grpo": ga, "csd": ca, "ratio": _ratio(ca, ga)},

@@ -64,8 +64,19 @@ def travel_rows() -> list[dict]:
     return rows
 
 
-def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int) -> dict:
-    """Tokenizer + tiny model, fine-tuned for ``sft_steps`` steps on the rewarded oracle traces."""
+ASK = "[action] What matters most to you for this trip?"
+
+
+def with_question(messages: list[dict], reply: str) -> list[dict]:
+    """The trace with the agent asking the user first (the user's public ``reply`` as tool feedback)."""
+    at = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return messages[:at] + [{"role": "assistant", "content": ASK},
+                            {"role": "tool", "content": f"{reply}\nReward: 0"}] + messages[at:]
+
+
+def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: bool = False) -> dict:
+    """Tokenizer + tiny model, fine-tuned for ``sft_steps`` steps on the rewarded oracle traces
+    (with ``ask``: every other trace first asks the user what matters, so the agent consults the user)."""
     import random
 
     import torch
@@ -81,6 +92,11 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int) -> dic
     decoded = [dict(r, reward_model=json.loads(r["reward_model"]), extra_info=json.loads(r["extra_info"]))
                for r in rows]
     traces = [t for t in (expert_trace(r, tasks) for r in decoded) if t is not None]
+    if ask:
+        from mimesis_lab.rollout.shim import split_reasoning
+
+        public = split_reasoning(USER_REPLY)[1]
+        traces = traces + [dict(t, messages=with_question(t["messages"], public)) for t in traces]
     texts = [m["content"] for t in traces for m in t["messages"]]
     tok = train_tokenizer(texts * 3, vocab_size=1500, min_frequency=1)
     torch.manual_seed(seed)
@@ -102,19 +118,20 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int) -> dic
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     save_hf(model, tok, out / "init")
     return {"traces": len(traces), "sft_steps": sft_steps, "sft_final_loss": sum(losses[-5:]) / max(1, len(losses[-5:]))}
 
 
-def build(out: Path, *, steps: int = 30, sft_steps: int = 150, tracking_uri: str | None = None,
-          experiment: str = "agent-grpo-signal", seed: int = 11, lr: float = 2e-3, prompts: int = 8, rollouts: int = 4,
+def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str | None = None,
+          experiment: str = "agent-grpo-signal", seed: int = 11, lr: float = 1e-3,
+          prompts: int = 8, rollouts: int = 4, ask: bool = False,
           user_url: str = "http://127.0.0.1:9/v1") -> Path:
     """Write the rows, the warm-started agent and ``params.yaml`` under ``out``; return the params path."""
     out.mkdir(parents=True, exist_ok=True)
     rows = travel_rows()
     pl.DataFrame(rows).write_parquet(out / "travel.parquet")
-    info = warm_start(out, rows, sft_steps=sft_steps, seed=seed)
+    info = warm_start(out, rows, sft_steps=sft_steps, seed=seed, ask=ask)
     (out / "warm_start.json").write_text(json.dumps(info, indent=2))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tracking"].update(tracking_uri=tracking_uri or f"sqlite:///{out / 'mlflow.db'}",
@@ -165,8 +182,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--sft-steps", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--rollouts", type=int, default=4)
@@ -178,7 +195,8 @@ def main(argv=None) -> int:
     if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = f"sqlite:///{(Path.cwd() / uri[len('sqlite:///'):]).resolve()}"
     out = args.out.resolve()
-    p = build(out, steps=args.steps, sft_steps=args.sft_steps, tracking_uri=uri, experiment=args.experiment, lr=args.lr, prompts=args.prompts, rollouts=args.rollouts,
+    p = build(out, steps=args.steps, sft_steps=args.sft_steps, tracking_uri=uri, experiment=args.experiment, lr=args.lr,
+              prompts=args.prompts, rollouts=args.rollouts,
               seed=args.seed)
     print(f"wrote {p}: {(out / 'warm_start.json').read_text()}")
     if args.no_run:

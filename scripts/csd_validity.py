@@ -1,7 +1,8 @@
 """CSD validity check: GRPO vs GRPO + CSD siblings over several seeds, both curves in MLflow.
 
 The setting is the agent learning-signal configuration (:mod:`scripts.agent_grpo_signal`):
-TravelGym, a tiny warm-started agent, and a scripted user whose *private reasoning* names what
+TravelGym, a tiny agent warm-started on oracle traces of which half first ask the user what
+matters (so the agent consults the user and the coach has reasoning to work from), and a scripted user whose *private reasoning* names what
 the user cares about (``price``, ``location``) while its public reply is vaguer — so the
 reasoning carries information the public reply lacks, and the (offline, template) coach turns it
 into a prospective note without values (the leak validator drops any note that would reveal
@@ -45,11 +46,11 @@ def csd_section(grpo: dict, alpha: float, out_dir: str) -> dict:
 
 def run_pair(out: Path, seed: int, steps: int, uri: str, experiment: str) -> dict:
     work = out / f"seed{seed}"
-    p = sig.build(work, steps=steps, tracking_uri=uri, experiment=experiment, seed=seed)
+    sig.USER_REPLY = PRIVATE_REPLY
+    p = sig.build(work, steps=steps, tracking_uri=uri, experiment=experiment, seed=seed, ask=True)
     params = yaml.safe_load(p.read_text())
     params["agent_csd"] = csd_section(params["agent_grpo"], 0.01, str(work / "agent_csd"))
     p.write_text(yaml.safe_dump(params, sort_keys=False))
-    sig.USER_REPLY = PRIVATE_REPLY
     res = {}
     for phase in ("agent_grpo", "agent_csd"):
         r = run_phase(p, work, phase)
