@@ -90,7 +90,7 @@ def create_kwargs(row: dict[str, Any]) -> dict[str, Any]:
 
 class Gym(ABC):
     """One episode of one gym. Subclasses set ``name`` (``travel``…), ``env_name`` (``TravelGym``…)
-    and implement :meth:`step` (and usually :meth:`reset`, :meth:`user_system_prompt`,
+    and implement :meth:`step` (and usually :meth:`reset_state`, :meth:`setup`, :meth:`user_system_prompt`,
     :meth:`hidden_facts`). ``task`` is the gym's task record (from its task file, by id)."""
 
     name: ClassVar[str] = ""
@@ -105,6 +105,8 @@ class Gym(ABC):
         self.steps = 0
         self.done = False
         self.dialogue: list[dict[str, str]] = []   # agent <-> user messages, public only
+        self.setup()
+        self.reset()
 
     @classmethod
     def data_source(cls) -> str:
@@ -127,8 +129,18 @@ class Gym(ABC):
                                **extra, "env_name": cls.env_name, "id": task_id}}}},
         }
 
+    def setup(self) -> None:
+        """One-time preparation of this episode before its first :meth:`reset` (an index, a database,
+        the user's drawn choices…); nothing by default."""
+
     def reset(self) -> str:
-        """Initial observation appended to the agent's prompt (``""`` for none)."""
+        """Start the episode: no steps, not done, no dialogue, then :meth:`reset_state`; returns the
+        initial observation appended to the agent's prompt (``""`` for none)."""
+        self.steps, self.done, self.dialogue = 0, False, []
+        return self.reset_state()
+
+    def reset_state(self) -> str:
+        """The gym's own episode state; returns the initial observation (``""`` for none)."""
         return ""
 
     @abstractmethod

@@ -208,13 +208,7 @@ class FunctionGym(Gym):
     name = "function"
     env_name = "FunctionGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.reset()
-
-    def reset(self) -> str:
-        self.steps, self.done = 0, False
-        self.dialogue = []
+    def reset_state(self) -> str:
         self.test_retrieved = False
         return ""
 

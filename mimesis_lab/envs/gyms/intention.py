@@ -159,16 +159,13 @@ class IntentionGym(Gym):
     name = "intention"
     env_name = "IntentionGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.details = list(task["missing_details"])
+    def setup(self) -> None:
+        self.details = list(self.task["missing_details"])
         self.chosen = [self.rng.choice(d["options"]) if d.get("options") else "no particular preference"
                        for d in self.details]
         self.total_weight = sum(_weight(d) for d in self.details)
-        self.reset()
 
-    def reset(self) -> str:
-        self.steps, self.done, self.dialogue = 0, False, []
+    def reset_state(self) -> str:
         self.uncovered: list[int] = []   # detail indices, in the order uncovered
         self.questions = 0
         return ""

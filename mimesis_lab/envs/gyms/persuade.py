@@ -114,12 +114,7 @@ class PersuadeGym(Gym):
     name = "persuade"
     env_name = "PersuadeGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.reset()
-
-    def reset(self) -> str:
-        self.steps, self.done, self.dialogue = 0, False, []
+    def reset_state(self) -> str:
         self.stance = int(self.task["initial_stance"])
         self.history = [self.stance]
         return ""

@@ -168,13 +168,10 @@ class SearchGym(Gym):
     name = "search"
     env_name = "SearchGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.passages, self.index = _index(str(Path(task.get("passages_path") or DEFAULT_PASSAGES).resolve()))
-        self.reset()
+    def setup(self) -> None:
+        self.passages, self.index = _index(str(Path(self.task.get("passages_path") or DEFAULT_PASSAGES).resolve()))
 
-    def reset(self) -> str:
-        self.steps, self.done, self.dialogue = 0, False, []
+    def reset_state(self) -> str:
         self.queries: list[str] = []
         return ""
 

@@ -306,19 +306,16 @@ class TauGym(Gym):
     name = "tau"
     env_name = "TauGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self._pristine = copy.deepcopy(task["db"]) if isinstance(task.get("db"), dict) else \
-            load_db(task.get("db_path") or DEFAULT_DB)
+    def setup(self) -> None:
+        self._pristine = copy.deepcopy(self.task["db"]) if isinstance(self.task.get("db"), dict) else \
+            load_db(self.task.get("db_path") or DEFAULT_DB)
         gold = copy.deepcopy(self._pristine)
-        for a in task.get("actions", []):
+        for a in self.task.get("actions", []):
             call_tool(gold, a["name"], dict(a.get("kwargs") or {}))  # a gold action that fails is a task bug
         self.gold_hash = db_hash(gold)
-        self.reset()
 
-    def reset(self) -> str:
+    def reset_state(self) -> str:
         self.db = copy.deepcopy(self._pristine)
-        self.steps, self.done, self.dialogue = 0, False, []
         self.tool_calls: list[dict] = []
         return ""
 

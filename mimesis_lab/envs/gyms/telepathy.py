@@ -108,13 +108,7 @@ class TelepathyGym(Gym):
     name = "telepathy"
     env_name = "TelepathyGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.reset()
-
-    def reset(self) -> str:
-        self.steps, self.done = 0, False
-        self.dialogue = []
+    def reset_state(self) -> str:
         self.guesses: list[str] = []
         return ""
 

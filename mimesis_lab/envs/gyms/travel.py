@@ -176,13 +176,7 @@ class TravelGym(Gym):
     name = "travel"
     env_name = "TravelGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.reset()
-
-    def reset(self) -> str:
-        self.steps, self.done = 0, False
-        self.dialogue = []
+    def reset_state(self) -> str:
         prefs = self.task.get("preferences", [])
         self.known: set[int] = {i for i, p in enumerate(prefs) if p.get("stated")}
         self.elicited: set[int] = set()

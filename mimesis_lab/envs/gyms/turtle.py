@@ -116,13 +116,7 @@ class TurtleGym(Gym):
     name = "turtle"
     env_name = "TurtleGym"
 
-    def __init__(self, task, user=None, rng=None, max_steps: int = 16):
-        super().__init__(task, user=user, rng=rng, max_steps=max_steps)
-        self.reset()
-
-    def reset(self) -> str:
-        self.steps, self.done = 0, False
-        self.dialogue = []
+    def reset_state(self) -> str:
         self.best = 0.0
         return ""
 
