@@ -13,7 +13,6 @@ into ``N`` silently.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -22,6 +21,7 @@ import httpx
 
 from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, Turn, serialize_conversation, validate_annotations
 from mimesis_lab.config import OpenAIEndpoint
+from mimesis_lab.endpoint import ChatEndpoint
 
 ANNOTATION_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -92,18 +92,10 @@ class OpenAIAnnotator:
                  backoff_s: float | None = None):
         self.endpoint = endpoint
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._own_client = client is None
-        self.client = client or httpx.Client(timeout=endpoint.timeout_s)
-        self.headers = headers
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.chat = ChatEndpoint(endpoint, client)
 
     def close(self) -> None:
-        if self._own_client:
-            self.client.close()
+        self.chat.close()
 
     def __enter__(self) -> "OpenAIAnnotator":
         return self
@@ -124,27 +116,7 @@ class OpenAIAnnotator:
 
     def _attempt(self, body: dict[str, Any], n_turns: int) -> list[dict[str, Any]]:
         """One request; raises ``ValueError`` with a short reason on any failure."""
-        try:
-            resp = self.client.post(self.url, json=body, headers=self.headers, timeout=self.endpoint.timeout_s)
-        except httpx.HTTPError as e:
-            raise ValueError(f"request failed: {type(e).__name__}: {e}") from None
-        if resp.status_code >= 400:
-            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        try:
-            payload = resp.json()
-        except ValueError as e:
-            raise ValueError(f"response body is not JSON: {e}") from None
-        try:
-            message = payload["choices"][0]["message"]
-        except (KeyError, IndexError, TypeError):
-            raise ValueError("response has no choices[0].message") from None
-        if not isinstance(message, dict):
-            raise ValueError("choices[0].message is not an object")
-        if message.get("refusal"):
-            raise ValueError(f"model refused: {str(message['refusal'])[:200]}")
-        content = message.get("content")
-        if not isinstance(content, str):
-            raise ValueError("choices[0].message.content is not a string")
+        content = self.chat.content(body)
         try:
             answer = json.loads(content)
         except ValueError as e:

@@ -17,7 +17,6 @@ buffer).
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from mimesis_lab.config import OpenAIEndpoint
+from mimesis_lab.endpoint import ChatEndpoint
 
 __all__ = ["MAX_NOTE_CHARS", "STYLES", "CoachInput", "CoachResult", "parse_note", "coach_messages", "TemplateCoach",
            "OpenAICoach", "make_coach", "check_coach_endpoint"]
@@ -256,35 +256,17 @@ class OpenAICoach:
         self.endpoint, self.style = endpoint, _style(style)
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
         self.max_history_chars = max_history_chars
-        self.headers = {"Content-Type": "application/json"}
-        key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
-        if key:
-            self.headers["Authorization"] = f"Bearer {key}"
-        self._own_client = client is None
-        self.client = client or httpx.Client(timeout=endpoint.timeout_s)
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.chat = ChatEndpoint(endpoint, client)
 
     def close(self) -> None:
-        if self._own_client:
-            self.client.close()
+        self.chat.close()
 
     def request_body(self, inp: CoachInput) -> dict[str, Any]:
         return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": coach_messages(inp, self.style, self.max_history_chars)}
 
     def _attempt(self, body: dict[str, Any]) -> CoachResult:
-        try:
-            resp = self.client.post(self.url, json=body, headers=self.headers, timeout=self.endpoint.timeout_s)
-        except httpx.TimeoutException as e:
-            raise ValueError(f"timeout after {self.endpoint.timeout_s}s: {type(e).__name__}") from None
-        except httpx.HTTPError as e:
-            raise ValueError(f"request failed: {type(e).__name__}: {e}") from None
-        if resp.status_code >= 400:
-            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        try:
-            content = resp.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ValueError("response is not a chat completion with choices[0].message.content") from None
+        content = self.chat.message(body).get("content")
         res = parse_note(content)
         if res.status == "failure":
             raise ValueError(res.detail)

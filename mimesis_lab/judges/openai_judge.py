@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ import httpx
 
 from mimesis_lab.behaviors import TAXONOMY
 from mimesis_lab.config import OpenAIEndpoint
+from mimesis_lab.endpoint import ChatEndpoint, EndpointTimeout
 from mimesis_lab.judges.behavior_judge import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, _check
 
 __all__ = ["OpenAIJudge", "validate_verdict", "judge_messages", "VERDICT_SCHEMA", "RESPONSE_FORMAT"]
@@ -88,10 +88,6 @@ def judge_messages(req: BehaviorJudgeRequest) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-class _Timeout(Exception):
-    pass
-
-
 class OpenAIJudge:
     """LLM judge over ``{base_url}/chat/completions`` (strict JSON schema, bounded retries, never raises)."""
 
@@ -100,40 +96,17 @@ class OpenAIJudge:
     def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float | None = None):
         self.endpoint = endpoint
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
-        self.headers = {"Content-Type": "application/json"}
-        key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
-        if key:
-            self.headers["Authorization"] = f"Bearer {key}"
-        self._own_client = client is None
-        self.client = client or httpx.Client(timeout=endpoint.timeout_s)
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.chat = ChatEndpoint(endpoint, client)
 
     def close(self) -> None:
-        if self._own_client:
-            self.client.close()
+        self.chat.close()
 
     def request_body(self, req: BehaviorJudgeRequest) -> dict[str, Any]:
         return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
 
     def _attempt(self, body: dict[str, Any]) -> Verdict:
-        try:
-            resp = self.client.post(self.url, json=body, headers=self.headers, timeout=self.endpoint.timeout_s)
-        except httpx.TimeoutException as e:
-            raise _Timeout(f"request timed out after {self.endpoint.timeout_s}s: {type(e).__name__}") from None
-        except httpx.HTTPError as e:
-            raise ValueError(f"request failed: {type(e).__name__}: {e}") from None
-        if resp.status_code >= 400:
-            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        try:
-            message = resp.json()["choices"][0]["message"]
-            content = message.get("content")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise ValueError("response is not a chat completion with choices[0].message") from None
-        if message.get("refusal"):
-            raise ValueError(f"model refused: {str(message['refusal'])[:200]}")
-        if not isinstance(content, str):
-            raise ValueError("choices[0].message.content is not a string")
+        content = self.chat.content(body)
         try:
             answer = json.loads(content)
         except ValueError as e:
@@ -154,7 +127,7 @@ class OpenAIJudge:
                 time.sleep(self.backoff_s * attempt)
             try:
                 v = self._attempt(body)
-            except _Timeout as e:
+            except EndpointTimeout as e:
                 errors.append(("timeout", str(e)))
                 continue
             except Exception as e:  # noqa: BLE001 — any bad answer is a failure, never an exception
