@@ -24,9 +24,11 @@ Everything a gym knows that the agent must discover is listed by :meth:`Gym.hidd
 """
 from __future__ import annotations
 
+import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 __all__ = ["CHOICES", "StepResult", "UserReply", "UserSide", "UserSideError", "Gym", "GYMS", "register_gym",
@@ -86,6 +88,20 @@ def create_kwargs(row: dict[str, Any]) -> dict[str, Any]:
     info = row.get("extra_info") or {}
     tk = (info.get("tools_kwargs") or {}).get("interact_with_env") or {}
     return dict(tk.get("create_kwargs") or {})
+
+
+def tasks_by_id(path: str | Path, gym: str, required: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object; a
+    record that is not an object, has no ``id`` or an empty ``required`` field is an error naming ``path``."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
+    tasks: dict[str, dict[str, Any]] = {}
+    for rec in data:
+        if not isinstance(rec, dict) or "id" not in rec or not all(rec.get(k) for k in required):
+            raise ValueError(f"{path}: malformed {gym} task {rec!r:.80}")
+        tasks[str(rec["id"])] = rec
+    return tasks
 
 
 class Gym(ABC):

@@ -21,13 +21,12 @@ call counts as a step and the episode ends after ``max_steps`` steps.
 """
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from pathlib import Path
 from typing import Any
 
-from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
 __all__ = ["TASKS_PATH", "TelepathyGym", "load_tasks", "build_rows", "normalise", "is_match"]
 
@@ -83,15 +82,7 @@ def is_match(guess: str, task: dict[str, Any]) -> bool:
 
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict):
-        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
-    tasks: dict[str, dict[str, Any]] = {}
-    for rec in data:
-        if not isinstance(rec, dict) or "id" not in rec or not rec.get("entity") or not rec.get("category"):
-            raise ValueError(f"{path}: malformed telepathy task {rec!r:.80}")
-        tasks[str(rec["id"])] = rec
-    return tasks
+    return tasks_by_id(path, "telepathy", ('entity', 'category'))
 
 
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:

@@ -36,12 +36,11 @@ counts as a step and the episode ends after ``max_steps`` steps.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
 __all__ = ["TASKS_PATH", "TravelGym", "load_tasks", "build_rows", "satisfies", "search_options", "mentions"]
 
@@ -104,15 +103,7 @@ def _norm(text: str) -> str:
 
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict):
-        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
-    tasks: dict[str, dict[str, Any]] = {}
-    for rec in data:
-        if not isinstance(rec, dict) or "id" not in rec or not rec.get("options") or not rec.get("preferences"):
-            raise ValueError(f"{path}: malformed travel task {rec!r:.80}")
-        tasks[str(rec["id"])] = rec
-    return tasks
+    return tasks_by_id(path, "travel", ('options', 'preferences'))
 
 
 def satisfies(option: dict[str, Any], pref: dict[str, Any]) -> bool:
