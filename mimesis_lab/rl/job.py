@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +22,8 @@ import torch
 from mimesis_lab.rl.losses import ppo_clip_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
 from mimesis_lab.train.loop import (CHECKPOINTS, MARKER, ResumeError, TrainConfigError, _dist_init, _export, _Log,
-                                    _param_groups, _say, _write_marker, list_checkpoints, load_ds_config,
-                                    resolve_resume, tag_for, truncate_jsonl)
+                                    _param_groups, _say, clear_outputs, drop_checkpoints_after, load_ds_config,
+                                    load_resume_checkpoint, resolve_resume, save_checkpoint, tag_for, truncate_jsonl)
 from mimesis_lab.train.schedule import lr_at
 
 __all__ = ["Job", "run_rl_job", "all_reduce", "gather", "ppo_update", "policy_state_dict", "make_rollout_backend",
@@ -260,28 +259,17 @@ def run_rl_job(phase: str, cfg: Any, fingerprint_fn: Callable[[dict[str, Any]], 
         step = 0
         if resume is not None:
             root, tag = resume
-            try:
-                path, client = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
-                                                      load_lr_scheduler_states=False)
-            except Exception as e:
-                raise ResumeError(f"{root / tag}: cannot load checkpoint ({type(e).__name__}: {e})") from e
-            if path is None or client is None:
-                raise ResumeError(f"{root / tag}: DeepSpeed found no loadable checkpoint there")
+            client = load_resume_checkpoint(engine, root, tag)
             step = int(client["step"])
             if step > total:
                 raise ResumeError(f"{root / tag}: checkpoint is at step {step}, past this run's {total} steps")
             if rank == 0:
-                for s, p in list_checkpoints(ckpt_root, complete_only=False):
-                    if s > step:
-                        shutil.rmtree(p, ignore_errors=True)
+                drop_checkpoints_after(ckpt_root, step)
                 log.truncate_after(step)
                 truncate_jsonl(episodes_path, step)
             _say(rank, f"resumed from {root / tag} at step {step}")
         elif rank == 0:
-            for p in [p for _, p in list_checkpoints(ckpt_root, complete_only=False)] + [out_dir / "final"]:
-                shutil.rmtree(p, ignore_errors=True)
-            for f in ("metrics.jsonl", "rollouts.jsonl"):
-                (out_dir / f).unlink(missing_ok=True)
+            clear_outputs(out_dir, ckpt_root, ("metrics.jsonl", "rollouts.jsonl"))
         log.write({"kind": "start", "step": step, "phase": phase, "world_size": world, "zero_stage": zero_stage,
                    "total_steps": total, "resumed": resume is not None, **info})
         _say(rank, f"{phase}: {info}, steps {step}->{total}, ZeRO-{zero_stage}")
@@ -294,14 +282,7 @@ def run_rl_job(phase: str, cfg: Any, fingerprint_fn: Callable[[dict[str, Any]], 
         def save_now(at: int) -> None:
             client = {"step": at, "phase": phase, "fingerprint": fingerprint, "world_size": world,
                       "total_steps": total}
-            engine.save_checkpoint(str(ckpt_root), tag=tag_for(at), client_state=client)
-            dist.barrier()
-            if rank == 0:
-                mk = _write_marker(ckpt_root / tag_for(at), at, world, client)
-                log.checkpoint(at, ckpt_root / tag_for(at), mk)
-                for _, old in list_checkpoints(ckpt_root)[:-cfg.keep_last]:
-                    shutil.rmtree(old, ignore_errors=True)
-            dist.barrier()
+            save_checkpoint(engine, ckpt_root, at, client, log, cfg.keep_last, rank, world)
 
         engine.train()
         while step < total:

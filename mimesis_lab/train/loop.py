@@ -13,7 +13,7 @@ parallel ranks (÷ world_size) and we turn off its ÷ gradient_accumulation_step
 gradient is that of ``sum(ce over all scored tokens) / N`` whatever the world size /
 accumulation split. ``N`` is known on every rank from the data plan (no communication).
 
-Checkpoints (``output_dir/checkpoints/step_XXXXXXXX``, every ``save_every`` steps and at
+Checkpoints (``output_dir/checkpoints/step_<8-digit step>``, e.g. ``step_00000040``, every ``save_every`` steps and at
 the end, ``keep_last`` kept): ``engine.save_checkpoint`` with ``client_state`` = step, epoch,
 data cursor (samples seen), tokens seen, val losses, rank-0 RNG states; then rank 0 writes
 ``mimesis_checkpoint.json`` (size + sha256 of every file) *after* the post-save barrier. Only a
@@ -171,7 +171,7 @@ def resolve_resume(resume: str, ckpt_root: str | Path, world_size: int) -> tuple
             found = list_checkpoints(path)
             if not found:
                 raise ResumeError(f"resume: {path} holds no complete checkpoint (expected <output_dir>/{CHECKPOINTS} "
-                                  f"or one of its {TAG_PREFIX}XXXXXXXX folders)")
+                                  f"or one of its {TAG_PREFIX}<8-digit step> folders)")
             tag_dir = found[-1][1]
     validate_checkpoint(tag_dir, world_size)
     return tag_dir.parent, tag_dir.name
@@ -392,6 +392,54 @@ def _export(engine, tokenizer, ckpt_root: Path, tag: str, zero_stage: int, final
     save_hf(model.to(torch.float32), tokenizer, final)
 
 
+def load_resume_checkpoint(engine, root: Path, tag: str) -> dict[str, Any]:
+    """Load ``root/tag`` (weights and optimizer state) into ``engine``; its client state.
+    Raises :class:`ResumeError` naming the folder when DeepSpeed cannot load it."""
+    try:
+        path, client = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=False)
+    except Exception as e:
+        raise ResumeError(f"{root / tag}: cannot load checkpoint ({type(e).__name__}: {e})") from e
+    if path is None or client is None:
+        raise ResumeError(f"{root / tag}: DeepSpeed found no loadable checkpoint there")
+    return client
+
+
+def drop_checkpoints_after(ckpt_root: Path, step: int) -> None:
+    """Remove checkpoint folders past ``step`` (stale folders of the killed run being resumed)."""
+    for s, p in list_checkpoints(ckpt_root, complete_only=False):
+        if s > step:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def clear_outputs(out_dir: Path, ckpt_root: Path, files: tuple[str, ...]) -> int:
+    """A fresh start owns the output folder: remove old checkpoints, ``final/`` and ``files``;
+    returns how many checkpoint folders were removed."""
+    stale = [p for _, p in list_checkpoints(ckpt_root, complete_only=False)]
+    for p in stale + [out_dir / "final"]:
+        shutil.rmtree(p, ignore_errors=True)
+    for f in files:
+        (out_dir / f).unlink(missing_ok=True)
+    return len(stale)
+
+
+def save_checkpoint(engine, ckpt_root: Path, step: int, client: dict[str, Any], log: "_Log", keep_last: int,
+                    rank: int, world: int) -> None:
+    """Save on every rank, then (rank 0) write the completeness marker, log it and keep the last
+    ``keep_last`` complete checkpoints."""
+    import torch.distributed as dist
+
+    engine.save_checkpoint(str(ckpt_root), tag=tag_for(step), client_state=client)
+    dist.barrier()
+    if rank == 0:
+        tag_dir = ckpt_root / tag_for(step)
+        info = _write_marker(tag_dir, step, world, client)
+        log.checkpoint(step, tag_dir, info)
+        for _, old in list_checkpoints(ckpt_root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
 def run_training(phase: str, params: Any) -> dict[str, Any] | None:
     """Train ``params.<phase>`` on this rank; rank 0 returns the training summary."""
     import torch.distributed as dist
@@ -449,13 +497,7 @@ def run_training(phase: str, params: Any) -> dict[str, Any] | None:
                                  "initial_val_loss": None, "last_val_loss": None, "last_val_step": None}
         if resume is not None:
             root, tag = resume
-            try:
-                path, client = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
-                                                      load_lr_scheduler_states=False)
-            except Exception as e:
-                raise ResumeError(f"{root / tag}: cannot load checkpoint ({type(e).__name__}: {e})") from e
-            if path is None or client is None:
-                raise ResumeError(f"{root / tag}: DeepSpeed found no loadable checkpoint there")
+            client = load_resume_checkpoint(engine, root, tag)
             if client.get("global_batch") != plan.global_batch:
                 raise ResumeError(f"{root / tag}: written with global batch {client.get('global_batch')} rows/step, "
                                   f"this run has {plan.global_batch}; the data position would not carry over")
@@ -467,20 +509,15 @@ def run_training(phase: str, params: Any) -> dict[str, Any] | None:
                 _say(rank, f"note: the checkpoint's run had {client['total_steps']} steps, this one has {total}: "
                            "the lr schedule of the remaining steps follows the new total")
             if rank == 0:
-                for s, p in list_checkpoints(ckpt_root, complete_only=False):
-                    if s > state["step"]:
-                        shutil.rmtree(p, ignore_errors=True)       # stale folders of the killed run (ours only)
+                drop_checkpoints_after(ckpt_root, state["step"])
                 log.truncate_after(state["step"])
             _say(rank, f"resumed from {root / tag} at step {state['step']} (epoch {plan.epoch_at(state['step']):.3f})")
         elif rank == 0:
             # a fresh start owns the output folder: leftovers of an earlier run (checkpoints that
             # were not resumed, their metrics, an old export) would mix with this run's
-            stale = [p for _, p in list_checkpoints(ckpt_root, complete_only=False)]
-            for p in stale + [out_dir / "final"]:
-                shutil.rmtree(p, ignore_errors=True)
-            (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            stale = clear_outputs(out_dir, ckpt_root, ("metrics.jsonl",))
             if stale:
-                _say(rank, f"fresh start (resume: {cfg.resume}): removed {len(stale)} old checkpoint folder(s)")
+                _say(rank, f"fresh start (resume: {cfg.resume}): removed {stale} old checkpoint folder(s)")
         log.write({"kind": "start", "step": state["step"], "phase": phase, "world_size": world,
                    "zero_stage": zero_stage,
                    "micro_batch": micro, "grad_accum": gas, "global_batch": plan.global_batch, "total_steps": total,
@@ -502,15 +539,7 @@ def run_training(phase: str, params: Any) -> dict[str, Any] | None:
                           samples_seen=step * plan.global_batch,
                           global_batch=plan.global_batch, world_size=world, total_steps=total,
                           rng_torch=torch.get_rng_state())
-            engine.save_checkpoint(str(ckpt_root), tag=tag_for(step), client_state=client)
-            dist.barrier()
-            if rank == 0:
-                tag_dir = ckpt_root / tag_for(step)
-                info = _write_marker(tag_dir, step, world, client)
-                log.checkpoint(step, tag_dir, info)
-                for _, old in list_checkpoints(ckpt_root)[:-cfg.keep_last]:
-                    shutil.rmtree(old, ignore_errors=True)
-            dist.barrier()
+            save_checkpoint(engine, ckpt_root, step, client, log, cfg.keep_last, rank, world)
 
         if state["step"] == 0 and state["last_val_step"] is None:
             evaluate_now(0)
