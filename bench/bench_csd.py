@@ -21,9 +21,9 @@ step-time ratio <= 1.3x; PASS/FAIL is printed against it, but the exit status is
 
 The setup comes from ``scripts/agent_grpo_signal.py`` (``build``: tiny warm-started travel agent,
 travel rows, params; tracking disabled here), with two adjustments so that CSD has work to do:
-the warm-start oracle traces ask the user once before searching (the stock travel oracle never
-asks, so the agent would never talk to the user and the coach would have no cue: zero teacher
-rows), and the scripted user varies its answer (deterministically per conversation) so the
+half of the warm-start oracle traces ask the user once before searching (``build(ask=True)``;
+the stock travel oracle never asks, so the agent would never talk to the user and the coach would
+have no cue: zero teacher rows), and the scripted user varies its answer (deterministically per conversation) so the
 template coach writes different notes and placebo rows can be drawn. ``--no-ask`` and
 ``--no-varied-user`` restore the stock setup. Each job runs as ``python -m mimesis_lab.train.run --phase <phase>``
 (a world-size-1 DeepSpeed job on CPU) with ``OMP_NUM_THREADS=1``.
@@ -31,7 +31,6 @@ template coach writes different notes and placebo rows can be drawn. ``--no-ask`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import hashlib
 import json
@@ -40,9 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -54,16 +51,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from agent_grpo_signal import USER_REPLY, build, serve_user  # noqa: E402
 
 TARGET = 1.3
-ASK = "What matters most to you: the price or the location?"
-
-
-class _StubUser:
-    """The scripted user's answer, in-process (for the warm-start oracle traces only)."""
-
-    def respond(self, view):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(text=USER_REPLY.split("</think>")[-1], error=None)
 
 
 #: Scripted user answers with different template-coach cues (unmet budget/location, unmet
@@ -78,54 +65,10 @@ VARIED_REPLIES = (
 )
 
 
-class VariedUser(BaseHTTPRequestHandler):
-    """Like the signal script's cooperative user, but the answer is picked by a hash of the request
-    body, so it is deterministic per conversation (the same in the GRPO and the CSD job)."""
-
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        reply = VARIED_REPLIES[int(hashlib.sha256(raw).hexdigest(), 16) % len(VARIED_REPLIES)]
-        body = json.dumps({"id": "u", "object": "chat.completion", "model": "user", "choices": [{
-            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-def serve_varied_user() -> ThreadingHTTPServer:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), VariedUser)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
-
-
-@contextlib.contextmanager
-def asking_oracle():
-    """Make the travel oracle ask the user once before searching (``[action] ...``), played against
-    a stub user, for the duration of ``build``. The stock oracle never asks, so the warm-started
-    agent never talks to the user, no turn has simulator reasoning or a reply, the template coach
-    has no cue, and CSD would build no teacher rows at all (nothing to measure)."""
-    import mimesis_lab.envs.gyms.experts as ex
-
-    orig_actions, orig_gym = ex.expert_actions, ex.gym_for_row
-
-    def actions(gym, task):
-        acts = orig_actions(gym, task)
-        return [("action", ASK)] + acts if gym == "travel" and acts else acts
-
-    def gym_for_row(row, tasks, user=None, **kw):
-        return orig_gym(row, tasks, user=user if user is not None else _StubUser(), **kw)
-
-    ex.expert_actions, ex.gym_for_row = actions, gym_for_row
-    try:
-        yield
-    finally:
-        ex.expert_actions, ex.gym_for_row = orig_actions, orig_gym
+def varied_reply(raw: bytes) -> str:
+    """The answer picked by a hash of the request body: deterministic per conversation (the same in
+    the GRPO and the CSD job)."""
+    return VARIED_REPLIES[int(hashlib.sha256(raw).hexdigest(), 16) % len(VARIED_REPLIES)]
 
 
 TURNS = 1   # coached turns per trajectory (--turns; the params default)
@@ -216,12 +159,11 @@ def main(argv=None) -> int:
 
     out = (args.out or Path(tempfile.mkdtemp(prefix="bench_csd_"))).resolve()
     t0 = time.perf_counter()
-    with asking_oracle() if args.ask else contextlib.nullcontext():
-        base_path = build(out, steps=args.steps, tracking_uri=None, seed=11, lr=2e-3, prompts=args.prompts,
-                          rollouts=args.rollouts)
+    base_path = build(out, steps=args.steps, tracking_uri=None, seed=11, lr=2e-3, prompts=args.prompts,
+                      rollouts=args.rollouts, ask=args.ask)
     print(f"built {out} in {time.perf_counter() - t0:.1f}s", flush=True)
     base = yaml.safe_load(base_path.read_text())
-    srv = serve_varied_user() if args.varied_user else serve_user()
+    srv = serve_user(varied_reply if args.varied_user else None)
     try:
         base["agent_grpo"]["user"]["openai"]["base_url"] = f"http://127.0.0.1:{srv.server_port}/v1"
         paths = write_params(base, out, args.placebo)

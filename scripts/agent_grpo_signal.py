@@ -23,6 +23,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 import yaml
@@ -33,17 +34,18 @@ sys.path.insert(0, str(ROOT))
 USER_REPLY = "<think>I care about the price and the location most.</think>The price and the location matter most to me."
 
 
-class CooperativeUser(BaseHTTPRequestHandler):
-    """An OpenAI-compatible chat endpoint that always gives the same cooperative answer."""
+class ScriptedUser(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint whose answer is ``server.reply_for(request body)``
+    (by default the same cooperative answer, :data:`USER_REPLY`, every time)."""
 
     def log_message(self, *a):
         pass
 
     def do_POST(self):
-        n = int(self.headers.get("Content-Length", 0))
-        self.rfile.read(n)
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        reply = self.server.reply_for(raw)
         body = json.dumps({"id": "u", "object": "chat.completion", "model": "user", "choices": [{
-            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": USER_REPLY}}],
+            "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -150,24 +152,28 @@ def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str
     return path
 
 
-def serve_user() -> ThreadingHTTPServer:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), CooperativeUser)
+def serve_user(reply_for: Callable[[bytes], str] | None = None) -> ThreadingHTTPServer:
+    """Serve :class:`ScriptedUser` on 127.0.0.1 (a free port) in a daemon thread."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedUser)
+    srv.reply_for = reply_for or (lambda raw: USER_REPLY)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
 
-def run(params_path: Path, cwd: Path, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """Run the ``agent_grpo`` flow on ``params_path`` with the scripted user served for its duration."""
+def run(params_path: Path, cwd: Path, timeout: int = 1800, phase: str = "agent_grpo") -> subprocess.CompletedProcess:
+    """Run the ``phase`` flow on ``params_path`` with the scripted user served for its duration."""
     srv = serve_user()
     params = yaml.safe_load(params_path.read_text())
-    params["agent_grpo"]["user"]["openai"]["base_url"] = f"http://127.0.0.1:{srv.server_port}/v1"
+    for sec in ("agent_grpo", "agent_csd"):
+        if params.get(sec):
+            params[sec]["user"]["openai"]["base_url"] = f"http://127.0.0.1:{srv.server_port}/v1"
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("MLFLOW_RUN_ID", None)
     try:
-        return subprocess.run([sys.executable, "-m", "flows.agent", "--phases", "agent_grpo", "--params",
+        return subprocess.run([sys.executable, "-m", "flows.agent", "--phases", phase, "--params",
                                str(params_path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         srv.shutdown()

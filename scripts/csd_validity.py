@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -53,28 +51,11 @@ def run_pair(out: Path, seed: int, steps: int, uri: str, experiment: str) -> dic
     p.write_text(yaml.safe_dump(params, sort_keys=False))
     res = {}
     for phase in ("agent_grpo", "agent_csd"):
-        r = run_phase(p, work, phase)
+        r = sig.run(p, work, timeout=3600, phase=phase)
         if r.returncode != 0:
             raise SystemExit(f"seed {seed} {phase} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
         res[phase] = curve(work / phase)
     return res
-
-
-def run_phase(params_path: Path, cwd: Path, phase: str) -> subprocess.CompletedProcess:
-    srv = sig.serve_user()
-    params = yaml.safe_load(params_path.read_text())
-    for sec in ("agent_grpo", "agent_csd"):
-        params[sec]["user"]["openai"]["base_url"] = f"http://127.0.0.1:{srv.server_port}/v1"
-    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("MLFLOW_RUN_ID", None)
-    try:
-        return subprocess.run([sys.executable, "-m", "flows.agent", "--phases", phase, "--params", str(params_path)],
-                              cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
-    finally:
-        srv.shutdown()
 
 
 def curve(run_dir: Path) -> list[float]:

@@ -8,38 +8,20 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import polars as pl
 import pytest
 import torch
 import yaml
 
+from scripts.agent_grpo_signal import serve_user
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 SECRET = "hidden-preference-token-7f3a9c beach budget"
 
 
-class _Sim(BaseHTTPRequestHandler):
-    """Stands in for the simulator's server: every reply has private reasoning with a secret."""
-
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):
-        n = int(self.headers.get("Content-Length", 0))
-        json.loads(self.rfile.read(n) or b"{}")
-        body = json.dumps({"id": "x", "object": "chat.completion", "model": "simulator", "choices": [{
-            "index": 0, "finish_reason": "stop",
-            "message": {"role": "assistant", "content": f"<think>{SECRET}</think>Yes, I would like the beach."}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+REPLY = f"<think>{SECRET}</think>Yes, I would like the beach."   # the simulator's reply: a secret in its reasoning
 
 
 def _gym_rows(path):
@@ -89,8 +71,7 @@ def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("agent")
     rows = _gym_rows(tmp / "gyms.parquet")
     _agent(tmp, rows)
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Sim)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = serve_user(lambda raw: REPLY)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tracking"]["enabled"] = False
     params.pop("agent_csd", None)   # its sibling check compares it with the agent_grpo edited here
