@@ -9,12 +9,12 @@ exception, timeout, drift…) leave the group statistics and the update with
 """
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from typing import Sequence
 
 from mimesis_lab.rl.advantages import multiturn_grpo
 from mimesis_lab.rl.policy import TokenRow
+from mimesis_lab.rl.sim_batch import mean_present
 from mimesis_lab.rollout.agent_rollout import AGENT_INVALID_REASONS, Trajectory
 
 __all__ = ["build_agent_rows", "agent_step_metrics"]
@@ -50,11 +50,6 @@ def build_agent_rows(trajs: Sequence[Trajectory], gamma: float = 0.8, eps: float
     return rows, stats
 
 
-def _mean(xs) -> float | None:
-    xs = [float(x) for x in xs]
-    return math.fsum(xs) / len(xs) if xs else None
-
-
 def agent_step_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Per-step means and counts; ``rollouts == valid + sum(invalid by reason)`` is checked."""
     n = len(trajs)
@@ -67,16 +62,16 @@ def agent_step_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
                                   "invalid_total": float(sum(inv.values()))}
     for r in AGENT_INVALID_REASONS:
         m[f"invalid/{r}"] = float(inv.get(r, 0))
-    m["reward/mean"] = _mean(t.total_reward for t in valid)
-    m["turns_mean"] = _mean(len(t.turns) for t in trajs)
+    m["reward/mean"] = mean_present(t.total_reward for t in valid)
+    m["turns_mean"] = mean_present(len(t.turns) for t in trajs)
     turns = [x for t in trajs for x in t.turns]
     m["tool_call_error_rate"] = (sum(x.parse_error is not None for x in turns) / len(turns)) if turns else None
-    m["response_length_mean"] = _mean(len(x.token_ids) for x in turns)
+    m["response_length_mean"] = mean_present(len(x.token_ids) for x in turns)
     by: dict[str, list[Trajectory]] = defaultdict(list)
     for t in valid:
         by[t.data_source].append(t)
     for ds, ts in sorted(by.items()):
-        m[f"reward/gym/{ds.removeprefix('interact_')}"] = _mean(t.total_reward for t in ts)
+        m[f"reward/gym/{ds.removeprefix('interact_')}"] = mean_present(t.total_reward for t in ts)
     for choice in ("action", "answer", "search"):
         m[f"choice_rate/{choice}"] = (sum(x.choice == choice for x in turns) / len(turns)) if turns else None
     return {k: float(v) for k, v in m.items() if v is not None}

@@ -27,7 +27,7 @@ from mimesis_lab.rollout.sim_rollout import Rollout
 
 BEHAVIOR_TASK = "usersim_behavior"
 
-__all__ = ["UpdateRow", "build_update_rows", "step_metrics", "AccountingError"]
+__all__ = ["UpdateRow", "build_update_rows", "step_metrics", "AccountingError", "mean_present"]
 
 
 class AccountingError(AssertionError):
@@ -118,7 +118,7 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
     return rows, stats
 
 
-def _mean(xs: Iterable[float | None]) -> float | None:
+def mean_present(xs: Iterable[float | None]) -> float | None:
     """Mean of the values that exist (an unscored rollout has ``raw = None``); ``None`` if none do."""
     xs = [float(x) for x in xs if x is not None]
     return math.fsum(xs) / len(xs) if xs else None
@@ -142,22 +142,22 @@ def step_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     }
     for reason in INVALID_REASONS:
         m[f"invalid/{reason}"] = float(invalid.get(reason, 0))
-    m["reward/update_mean"] = _mean(r.update_reward for r in valid)
-    m["reward/raw_mean"] = _mean(r.raw for r in valid)
+    m["reward/update_mean"] = mean_present(r.update_reward for r in valid)
+    m["reward/raw_mean"] = mean_present(r.raw for r in valid)
     with_segments = [r for r in rollouts if r.segments]
     m["format_failure_rate"] = (sum(r.format_failures > 0 for r in with_segments) / len(with_segments)
                                 if with_segments else None)
     segs = [s for r in rollouts for s in r.segments]
     m["format_failure_turn_rate"] = (sum(not s.format_ok for s in segs) / len(segs)) if segs else None
-    m["response_length_mean"] = _mean(len(s.token_ids) for s in segs)
+    m["response_length_mean"] = mean_present(len(s.token_ids) for s in segs)
     m["truncated_turn_rate"] = (sum(s.finish_reason == "length" for s in segs) / len(segs)) if segs else None
-    m["turns_per_rollout_mean"] = _mean(len(r.segments) for r in rollouts)
+    m["turns_per_rollout_mean"] = mean_present(len(r.segments) for r in rollouts)
     by_task: dict[str, list[Rollout]] = defaultdict(list)
     for r in valid:
         by_task[r.data_source].append(r)
     for ds, rs in sorted(by_task.items()):
-        m[f"reward/task/{ds}"] = _mean(r.raw for r in rs)
-        m[f"reward/task_update/{ds}"] = _mean(r.update_reward for r in rs)
+        m[f"reward/task/{ds}"] = mean_present(r.raw for r in rs)
+        m[f"reward/task_update/{ds}"] = mean_present(r.update_reward for r in rs)
     for ds, c in Counter(r.data_source for r in rollouts).items():
         m[f"rollouts/task/{ds}"] = float(c)
     by_beh: dict[str, list[Rollout]] = defaultdict(list)
@@ -166,7 +166,7 @@ def step_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         if b:
             by_beh[b].append(r)
     for b, rs in sorted(by_beh.items()):
-        m[f"reward/behavior/{b}"] = _mean(r.raw for r in rs)
+        m[f"reward/behavior/{b}"] = mean_present(r.raw for r in rs)
     comps: dict[str, list[float]] = defaultdict(list)
     for r in valid:
         if r.score is None:
@@ -181,5 +181,5 @@ def step_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
                 key = f"task/{r.data_source}/{k}"
             comps[key].append(float(v))
     for key, vs in sorted(comps.items()):
-        m[key] = _mean(vs)
+        m[key] = mean_present(vs)
     return {k: float(v) for k, v in m.items() if v is not None}
