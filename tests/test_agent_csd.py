@@ -127,6 +127,12 @@ def test_csd_loss_term_matches_hand_built_teacher(tiny):
     want = csd_loss(logp, torch.nan_to_num(teacher), mask, beta=cfg.csd.beta)
     assert n == float(mask.sum()) == stats["tokens"]
     assert torch.allclose(value, want, atol=1e-5)
+    # the same through the student's KV cache (what ppo_update hands over): identical value
+    from mimesis_lab.rl.job import token_logprobs_and_cache
+
+    logp_c, kv = token_logprobs_and_cache(model, b["input_ids"], b["attention_mask"])
+    value_c, n_c, _ = csd.loss(model, rows, {**b, "kv": kv}, logp_c)
+    assert n_c == n and torch.allclose(value_c, want, atol=1e-5)
     student = logp.detach().requires_grad_(True)
     v2, _, _ = csd.loss(model, rows, b, student)
     v2.backward()
@@ -210,3 +216,35 @@ def test_params_sibling_check():
     parse_params(bad)
     paper = yaml.safe_load((ROOT / "configs/paper/params.paper.yaml").read_text())
     assert paper  # the paper profile still parses with the CSD section (see test_config)
+
+
+def test_teacher_from_the_student_prefix_cache_matches_full_rows(tiny):
+    """Reusing the student's KV for the shared history gives the same teacher log-probs as scoring
+    each full teacher row (different history lengths, two rows on one student row)."""
+    from mimesis_lab.rl.agent_csd import cache_layers, teacher_logprobs_from_prefix
+    from mimesis_lab.rl.csd import TeacherRow, gather_teacher_logp, teacher_index
+
+    _, model = tiny
+    s0 = [3, 8, 9, 12, 7, 20, 21, 22, 5, 6]          # student row 0: history [3..7], response 20..22 at 5..7
+    s1 = [4, 5, 6, 3, 20, 21, 9, 9]                   # student row 1: history [4,5,6], response 3,20 at 3..4
+    width = 10
+    sid = torch.tensor([s0, s1 + [0] * (width - len(s1))])
+    attn = torch.tensor([[1] * 10, [1] * 8 + [0] * 2])
+    with torch.no_grad():
+        out = model(input_ids=sid, attention_mask=attn, use_cache=True)
+    kv = cache_layers(out.past_key_values)
+    rows = [TeacherRow((3, 8, 9, 12, 7, 30, 31, 20, 21, 22), (7, 8, 9), 0, (5, 6, 7), "a", 0, "n"),
+            TeacherRow((3, 8, 9, 12, 7, 32, 20, 21, 22), (6, 7, 8), 0, (5, 6, 7), "a", 0, "m"),
+            TeacherRow((4, 5, 6, 33, 34, 35, 3, 20), (6, 7), 1, (3, 4), "b", 0, "n")]
+    with torch.no_grad():
+        lp, cut = teacher_logprobs_from_prefix(model, rows[:1] + rows[2:], sid, kv, pad_id=0)
+        got = gather_teacher_logp(lp, teacher_index(cut, [0] * len(cut), 2, width))
+        full = [token_logprobs(model, torch.tensor([r.input_ids]), torch.ones(1, len(r.input_ids), dtype=torch.long))[0]
+                for r in rows]
+    assert torch.allclose(got[0, 4:7], full[0][torch.tensor([6, 7, 8])], atol=1e-5)
+    assert torch.allclose(got[1, 2:4], full[2][torch.tensor([5, 6])], atol=1e-5)
+    assert torch.isnan(got[0, :4]).all() and torch.isnan(got[1, :2]).all()
+    with torch.no_grad():
+        lp2, cut2 = teacher_logprobs_from_prefix(model, rows[1:2], sid, kv, pad_id=0)
+        got2 = gather_teacher_logp(lp2, teacher_index(cut2, [0], 2, width))
+    assert torch.allclose(got2[0, 4:7], full[1][torch.tensor([5, 6, 7])], atol=1e-5)

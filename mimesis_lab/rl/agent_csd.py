@@ -40,7 +40,8 @@ from mimesis_lab.rl.csd import PlaceboPool, TeacherRow, build_teacher_row, gathe
     select_turns, teacher_index
 from mimesis_lab.rl.losses import csd_loss
 
-__all__ = ["CSD", "CSDStep", "turn_alignment", "history_before", "turn_positions", "teacher_logprobs"]
+__all__ = ["CSD", "CSDStep", "turn_alignment", "history_before", "turn_positions", "teacher_logprobs",
+           "teacher_logprobs_from_prefix", "cache_layers"]
 
 COUNTERS = ("trajectories", "trajectories_skipped_gym", "turns", "turns_selected", "coach_ok", "coach_none",
             "coach_failure", "leaks_dropped", "rows", "rows_skipped_width", "placebo_rows", "placebo_unavailable")
@@ -88,6 +89,74 @@ def teacher_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     logits = out.logits[:, :-1, :].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Detached per-layer ``(keys, values)`` ``[B, kv_heads, T, d]`` of a forward's KV cache."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys.detach(), layer.values.detach()) for layer in cache.layers]
+    return [(k.detach(), v.detach()) for k, v in cache]   # legacy tuple layout
+
+
+def teacher_logprobs_from_prefix(model, rows: Sequence[TeacherRow], student_ids: torch.Tensor,
+                                 student_kv: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int
+                                 ) -> tuple[torch.Tensor, list[TeacherRow]] | None:
+    """Teacher log-probs computing only each row's *suffix* (note + the same ids) on top of the
+    student's own KV cache for the shared history prefix.
+
+    A teacher row is the public history before the coached turn (which is also the student row's
+    prefix), the note and the response ids; the history's keys/values under the same weights are
+    already in the student forward's cache (a causal model's KV at position ``p`` depends only on
+    tokens ``<= p``), so they are sliced from it (left-padded to a common length) instead of being
+    recomputed. Returns ``(logp [R, S-1], suffix_rows)`` where ``suffix_rows`` are the rows cut to
+    their suffixes (positions shifted, right-padded: index them with ``left_pad = 0``), or ``None``
+    when some row shares no prefix with its student row (the caller then scores full rows).
+    """
+    from transformers import DynamicCache
+
+    device = student_ids.device
+    cut = []
+    for r in rows:
+        p = _common_prefix(r.input_ids, student_ids[r.student_row].tolist(), r.teacher_positions[0] - 1)
+        if p < 1:
+            return None
+        cut.append(p)
+    p_max = max(cut)
+    suffixes = [r.input_ids[p:] for r, p in zip(rows, cut)]
+    s_max = max(len(x) for x in suffixes)
+    n = len(rows)
+    ids = torch.full((n, s_max), int(pad_id), dtype=torch.long, device=device)
+    attn = torch.zeros((n, p_max + s_max), dtype=torch.long, device=device)
+    pos = torch.zeros((n, s_max), dtype=torch.long, device=device)
+    for i, (suf, p) in enumerate(zip(suffixes, cut)):
+        ids[i, :len(suf)] = torch.tensor(suf, dtype=torch.long, device=device)
+        attn[i, p_max - p:p_max] = 1
+        attn[i, p_max:p_max + len(suf)] = 1
+        pos[i] = p + torch.arange(s_max, device=device)
+    layers = []
+    for k, v in student_kv:
+        kk = k.new_zeros((n, k.shape[1], p_max, k.shape[3]))
+        vv = v.new_zeros((n, v.shape[1], p_max, v.shape[3]))
+        for i, (r, p) in enumerate(zip(rows, cut)):
+            kk[i, :, p_max - p:] = k[r.student_row, :, :p]
+            vv[i, :, p_max - p:] = v[r.student_row, :, :p]
+        layers.append((kk, vv))
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=DynamicCache(layers),
+                use_cache=False)
+    logits = out.logits[:, :-1, :].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    suffix_rows = [dataclasses.replace(r, input_ids=tuple(suf), teacher_positions=tuple(q - p for q in
+                                                                                     r.teacher_positions))
+                   for r, suf, p in zip(rows, suffixes, cut)]
+    return logp, suffix_rows
 
 
 @dataclass
@@ -208,13 +277,26 @@ class CSD:
     def tokens(self, row: Any) -> int:
         return sum(len(r.teacher_positions) for r in self.step.rows.get(row.rollout_id, []))
 
-    def _teacher_grid(self, engine, rows: list[TeacherRow], n_student: int, width: int, device) -> tuple:
+    needs_cache = True   # ppo_update hands over the student forward's KV cache (batch["kv"])
+
+    def _teacher_grid(self, engine, rows: list[TeacherRow], n_student: int, width: int, device,
+                      batch: dict[str, Any] | None = None) -> tuple:
         """Teacher log-probs on the student grid (NaN where not coached) and the mask; one forward
-        always runs (a 1x2 dummy when there is no row) so ranks stay in step under ZeRO-3."""
+        always runs (a 1x2 dummy when there is no row) so ranks stay in step under ZeRO-3.
+
+        With the student's KV cache in ``batch["kv"]`` only each row's suffix (note + the same ids)
+        is computed (:func:`teacher_logprobs_from_prefix`); otherwise the full left-padded rows."""
         if not rows:
             dummy = torch.full((1, 2), int(self.pad_id), dtype=torch.long, device=device)
             teacher_logprobs(engine, dummy, torch.ones_like(dummy))
             return None, None
+        if batch is not None and batch.get("kv") is not None:
+            res = teacher_logprobs_from_prefix(engine, rows, batch["input_ids"], batch["kv"], self.pad_id)
+            if res is not None:
+                lp, cut = res
+                idx = teacher_index(cut, [0] * len(cut), n_student, width)
+                idx = {k: v.to(device) for k, v in idx.items()}
+                return gather_teacher_logp(lp, idx), idx["sdpo_mask"]
         tb = pad_teacher_rows(rows, self.pad_id, device)
         lp = teacher_logprobs(engine, tb["input_ids"], tb["attention_mask"])
         idx = teacher_index(rows, tb["left_pad"].cpu(), n_student, width)
@@ -231,8 +313,8 @@ class CSD:
         plac = [dataclasses.replace(r, student_row=j) for j, row in enumerate(chunk_rows)
                 for r in self.step.placebo.get(row.rollout_id, [])]
         with torch.no_grad():
-            teacher, mask = self._teacher_grid(engine, real, n_student, width, device)
-            placebo, _ = self._teacher_grid(engine, plac, n_student, width, device) if self.cfg.placebo \
+            teacher, mask = self._teacher_grid(engine, real, n_student, width, device, batch)
+            placebo, _ = self._teacher_grid(engine, plac, n_student, width, device, batch) if self.cfg.placebo \
                 else (None, None)
         if teacher is None:
             return logp.sum() * 0.0, 0.0, {}

@@ -77,6 +77,18 @@ def policy_state_dict(engine) -> dict[str, torch.Tensor]:
 AUX_KEYS = ("loss_sum", "tokens", "gate_sum", "delta_sum", "placebo_tokens", "teacher_minus_student_sum")
 
 
+def token_logprobs_and_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                             ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """:func:`token_logprobs` plus the forward's detached KV cache (CSD reuses the history's keys
+    and values for its teacher rows instead of recomputing them)."""
+    from mimesis_lab.rl.agent_csd import cache_layers
+
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True)
+    logits = out.logits[:, :-1, :].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return logp, cache_layers(out.past_key_values)
+
+
 def ppo_update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int, aux: Any = None) -> dict[str, float]:
     """PPO clip passes over this rank's rows; every rank runs the same number of backward/step calls.
 
@@ -106,7 +118,10 @@ def ppo_update(engine, rows, cfg, rng: random.Random, pad_id: int, world: int, a
                 if k < len(chunks):
                     chunk_rows = [rows[i] for i in chunks[k]]
                     b = pad_update_rows(chunk_rows, pad_id, device)
-                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+                    if use_aux and getattr(aux, "needs_cache", False):
+                        logp, b["kv"] = token_logprobs_and_cache(engine, b["input_ids"], b["attention_mask"])
+                    else:
+                        logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
                     n_here = float(b["mask"].sum())
                     loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
                     with torch.no_grad():
