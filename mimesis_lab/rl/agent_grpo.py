@@ -215,7 +215,7 @@ def _step(job: Job, step: int) -> tuple[dict[str, float] | None, list[dict[str, 
 
 
 def _summary(history: list[dict[str, float]]) -> dict[str, Any]:
-    out = window_means(history, SUMMARY_KEYS)
+    out = {k: v for k, v in window_means(history, SUMMARY_KEYS).items() if v is not None}  # no csd/* in GRPO
     out["invalid_rollouts_total"] = sum(r.get("invalid_total", 0.0) for r in history)
     out["rollouts_total"] = sum(r.get("rollouts", 0.0) for r in history)
     return out
