@@ -72,10 +72,12 @@ def varied_reply(raw: bytes) -> str:
 
 
 TURNS = 1   # coached turns per trajectory (--turns; the params default)
+TEACHER_CACHE = True   # --teacher-cache / --no-teacher-cache
 
 
 def _csd_section(placebo: bool) -> dict:
     return {"alpha": 0.01, "beta": 5.0, "placebo": placebo, "placebo_min_pool": 2, "turns_per_trajectory": TURNS,
+            "teacher_cache": TEACHER_CACHE,
             "skip_gyms": [], "leak_check": True, "coach": {"kind": "template", "style": "prospective"}}
 
 
@@ -147,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--placebo", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--turns", type=int, default=1, help="csd.turns_per_trajectory")
+    ap.add_argument("--teacher-cache", action=argparse.BooleanOptionalAction, default=True,
+                    help="csd.teacher_cache (default on; --no-teacher-cache scores the full teacher rows)")
     ap.add_argument("--ask", action=argparse.BooleanOptionalAction, default=True,
                     help="warm-start on oracle traces that ask the user once (default; without it the agent "
                          "never asks and CSD has no rows)")
@@ -154,8 +158,8 @@ def main(argv=None) -> int:
                     help="scripted user with varied answers (default; the fixed one of the signal script makes "
                          "every template note identical, so no placebo row can ever be drawn)")
     args = ap.parse_args(argv)
-    global TURNS
-    TURNS = args.turns
+    global TURNS, TEACHER_CACHE
+    TURNS, TEACHER_CACHE = args.turns, args.teacher_cache
 
     out = (args.out or Path(tempfile.mkdtemp(prefix="bench_csd_"))).resolve()
     t0 = time.perf_counter()

@@ -424,6 +424,8 @@ class CSDParams(Section):
     leak_check: bool = Field(True, description="Drop notes that reveal the episode's private facts (hidden task "
                              "spec) before they reach a teacher row.")
     max_teacher_tokens: int = Field(2304, gt=16, description="Teacher rows wider than this are skipped (counted).")
+    teacher_cache: bool = Field(True, description="Score only each teacher row's note + response on top of the "
+                                "student forward's KV cache of the shared history (false: score the full rows).")
     coach: CoachParams = Field(default_factory=CoachParams, description="The coach.")
 
 

@@ -277,7 +277,10 @@ class CSD:
     def tokens(self, row: Any) -> int:
         return sum(len(r.teacher_positions) for r in self.step.rows.get(row.rollout_id, []))
 
-    needs_cache = True   # ppo_update hands over the student forward's KV cache (batch["kv"])
+    @property
+    def needs_cache(self) -> bool:
+        """Whether ppo_update hands over the student forward's KV cache (``batch["kv"]``)."""
+        return bool(self.cfg.teacher_cache)
 
     def _teacher_grid(self, engine, rows: list[TeacherRow], n_student: int, width: int, device,
                       batch: dict[str, Any] | None = None) -> tuple:
