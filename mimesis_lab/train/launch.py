@@ -105,6 +105,17 @@ def job_env(world_size: int, env: Mapping[str, str] | None = None) -> dict[str, 
     return out
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """``preexec_fn``: ask Linux to SIGTERM the job when the launching process dies (even by
+    SIGKILL), so a killed flow or test never leaves a training job running in its own session."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except Exception:
+        pass
+
+
 def kill_job(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the job's process group, SIGKILL it after ``grace_s`` seconds."""
     try:
@@ -155,7 +166,8 @@ def launch(
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     log = open(log_path, "a", encoding="utf-8") if log_path else None
     proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(world_size, env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     timer = threading.Timer(timeout_s, kill_job, args=(proc,)) if timeout_s else None
     if timer:
         timer.daemon = True

@@ -30,8 +30,10 @@ checkpoints, metrics and export). An explicit ``resume: <path>`` always resumes.
 
 What runs on CPU here (DeepSpeed 0.19.8, torch 2.13 CPU, ``DS_ACCELERATOR=cpu``, 2 cores):
 - backend ``gloo`` (``deepspeed.init_distributed(dist_backend="gloo")``; oneCCL is not
-  installed). The CPU accelerator JIT-builds a small shm comm op on first use (cached in
-  ``~/.cache/torch_extensions``; needs a C++ compiler once).
+  installed). DeepSpeed's CPU shared-memory allreduce op is kept out (:func:`_disable_shm_comm`):
+  its JIT build takes many minutes of C++ on a small machine, under a file lock that a killed
+  job leaves behind (the next job then waits forever), and every job leaves a 69 MB
+  ``/dev/shm/deepspeed_allreduce_buffer_*`` file behind. ``MIMESIS_DS_SHM_COMM=1`` keeps it.
 - world size 1 and 2 with the ``deepspeed`` launcher (on CPU ``--num_gpus N`` means N local
   processes: the runner trims the localhost slot list to ``range(N)`` without asking the
   accelerator, and exports ``LOCAL_SIZE=N``) and with ``torchrun --nproc_per_node N``;
@@ -327,6 +329,18 @@ def _say(rank: int, msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the loop
+def _disable_shm_comm() -> None:
+    """Mark DeepSpeed's ``deepspeed_shm_comm`` op incompatible so its TorchBackend never builds
+    it and gloo does every collective (see the module docstring). Opt out: ``MIMESIS_DS_SHM_COMM=1``."""
+    if os.environ.get("MIMESIS_DS_SHM_COMM") == "1":
+        return
+    import deepspeed.ops
+
+    compat = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compat, dict):
+        compat["deepspeed_shm_comm"] = False
+
+
 def _dist_init() -> tuple[int, int]:
     import deepspeed
     import torch.distributed as dist
@@ -334,6 +348,8 @@ def _dist_init() -> tuple[int, int]:
 
     acc = get_accelerator()
     backend = "gloo" if acc.device_name() == "cpu" else acc.communication_backend_name()
+    if acc.device_name() == "cpu":
+        _disable_shm_comm()
     deepspeed.init_distributed(dist_backend=backend)
     return dist.get_rank(), dist.get_world_size()
 
