@@ -15,12 +15,14 @@ export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup pipeline test test-fast bench clean-outputs help
+.PHONY: setup pipeline test test-fast bench ui ui-stop clean-outputs help
 
 help:
 	@echo "make pipeline   # set up .venv and run the whole pipeline (dvc repro) on the tiny default"
 	@echo "make test       # set up .venv and run the test suite"
 	@echo "make bench      # data-stage throughput benchmark (not a test)"
+	@echo "make ui         # start the Prefect UI (+ deployments) and the MLflow UI on 127.0.0.1"
+	@echo "make ui-stop    # stop them"
 
 setup: $(STAMP)
 
@@ -43,6 +45,12 @@ test: setup
 
 test-fast: setup
 	pytest -m "not slow"
+
+ui: setup
+	$(PY) -m flows.ui start --prefect-port $(or $(PREFECT_PORT),4200) --mlflow-port $(or $(MLFLOW_PORT),5000)
+
+ui-stop:
+	$(PY) -m flows.ui stop
 
 bench: setup
 	$(PY) bench/bench_data_stages.py

@@ -445,6 +445,10 @@ class AgentCSDParams(AgentGRPOParams):
     sibling_check: bool = Field(True, description="Require the SIBLING_KEYS fields to equal agent_grpo's.")
 
 
+# the evaluation sections live in their own module (it imports the classes above)
+from mimesis_lab.config_eval import AgentEvalParams, ReportParams, SimEvalParams  # noqa: E402
+
+
 class Params(Section):
     """The whole ``params.yaml``."""
 
@@ -464,6 +468,9 @@ class Params(Section):
     agent_sft: TrainParams | None = Field(None, description="Agent SFT on successful oracle traces (warm start).")
     agent_grpo: AgentGRPOParams | None = Field(None, description="Agent multi-turn GRPO against the simulator.")
     agent_csd: AgentCSDParams | None = Field(None, description="Agent GRPO + coached self-distillation (CSD).")
+    sim_eval: SimEvalParams | None = Field(None, description="Simulator benchmarks (SPEC §4.1).")
+    agent_eval: AgentEvalParams | None = Field(None, description="Agent evaluation across gyms and users (§4.2).")
+    report: ReportParams | None = Field(None, description="The comparison report.")
     validate_: ValidateParams = Field(
         default_factory=ValidateParams, alias="validate", description="great-expectations validation."
     )

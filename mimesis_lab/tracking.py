@@ -198,3 +198,25 @@ def register_model(tracking: TrackingParams, run_id: str, artifact_path: str, na
                                 tags={"phase": alias})
     c.set_registered_model_alias(name, alias, mv.version)
     return str(mv.version)
+
+
+def evaluated_model(tracking: TrackingParams, model_path: str | None) -> dict[str, str]:
+    """Provenance tags of an evaluated checkpoint ``models/<phase>/final``: the registered model
+    version with alias ``<phase>`` (simulator or agent registry) and the run that produced it.
+    Empty values when the path is not a pipeline checkpoint or nothing is registered."""
+    from mlflow.exceptions import MlflowException
+
+    tags = {"mimesis.evaluated_path": str(model_path or "")}
+    parts = Path(str(model_path or "")).parts
+    if len(parts) < 2 or parts[-1] != "final":
+        return tags
+    phase = parts[-2]
+    name = tracking.agent_model if phase.startswith("agent") else tracking.simulator_model
+    try:
+        c, _ = client(tracking)
+        mv = c.get_model_version_by_alias(name, phase)
+    except MlflowException:
+        return tags
+    tags.update({"mimesis.evaluated_model": name, "mimesis.evaluated_version": str(mv.version),
+                 "mimesis.evaluated_run_id": str(mv.run_id or ""), "mimesis.evaluated_phase": phase})
+    return tags

@@ -35,7 +35,7 @@ def _env() -> dict[str, str]:
 
 def _repro(cwd: Path, *args: str) -> tuple[str, float]:
     t0 = time.perf_counter()
-    res = subprocess.run(["dvc", "repro", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+    res = subprocess.run(["dvc", "repro", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=1500)
     dt = time.perf_counter() - t0
     assert res.returncode == 0, f"dvc repro failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
     return res.stdout + res.stderr, dt
@@ -119,14 +119,17 @@ def test_stage_runs_recorded_in_mlflow(project):
 
 
 TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl", "agent_traces", "agent_sft", "agent_grpo", "agent_csd"]
+EVAL_STAGES = ["sim_eval", "agent_eval", "report"]
 
 
+@pytest.mark.timeout(1800)
 def test_full_repro_trains_through_sim_rl(project):
-    """`dvc repro` continues past the data stages: tokenizer -> midtrain -> sft -> sim_rl (real
-    Prefect + DeepSpeed + MLflow), then is a no-op."""
-    env_out, _ = _repro(project)
-    ran = {s for s in TRAIN_STAGES if f"Running stage '{s}'" in env_out}
-    assert ran == set(TRAIN_STAGES), env_out[-3000:]
+    """`dvc repro` continues past the data stages: tokenizer -> midtrain -> sft -> sim_rl -> agents
+    -> evaluation -> report (real Prefect + DeepSpeed + MLflow), then is a no-op."""
+    env_out, dt = _repro(project)
+    project.joinpath("full_run.log").write_text(env_out + f"\n[full repro wall time {dt:.0f} s]\n")
+    ran = {s for s in TRAIN_STAGES + EVAL_STAGES if f"Running stage '{s}'" in env_out}
+    assert ran == set(TRAIN_STAGES + EVAL_STAGES), env_out[-3000:]
     for phase in ("midtrain", "sft"):
         m = json.loads((project / "metrics" / f"{phase}.json").read_text())
         assert m["steps"] > 0 and m["final_val_loss"] < m["initial_val_loss"], m
@@ -141,6 +144,7 @@ def test_full_repro_trains_through_sim_rl(project):
     sft = json.loads((project / "metrics" / "agent_sft.json").read_text())
     assert sft["final_val_loss"] < sft["initial_val_loss"], sft
     _check_agent_runs_in_mlflow(project)
+    _check_evaluation(project)
     out, dt = _repro(project)
     assert "Running stage" not in out and dt <= 3.0, out
 
@@ -171,3 +175,91 @@ def _check_agent_runs_in_mlflow(project: Path) -> None:
     aliases = client.get_registered_model("mimesis-agent").aliases
     assert {"agent_sft", "agent_grpo", "agent_csd"} <= set(aliases), aliases
     assert versions
+
+
+def _check_evaluation(project: Path) -> None:
+    """sim_eval, agent_eval and report: DVC metrics, the report, and MLflow eval runs tagged with the
+    evaluated model's registered version and training run."""
+    import mlflow
+
+    sim = json.loads((project / "metrics" / "sim_eval.json").read_text())
+    assert set(sim) == {"mimesis", "sft", "prompted", "base"}
+    for name, m in sim.items():
+        assert 0 <= m["fi"] <= 100 and "usi5" in m and "turing_distance" in m, (name, m)
+    ag = json.loads((project / "metrics" / "agent_eval.json").read_text())
+    assert set(ag["overall"]["mean"]) == {"base", "grpo", "csd"}
+    assert set(ag["per_user"]) == {"scripted", "sft_sim", "prompted"}
+    assert ag["counts"]["rollouts"] == 3 * 3 * 8 * 2
+    report = (project / "reports" / "report.md").read_text()
+    assert "Overall Mean" in report and "Simulator benchmarks" in report
+    for png in ("reward_curves.png", "per_gym.png", "fi_dims.png"):
+        assert (project / "reports" / "plots" / png).stat().st_size > 1000, png
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("mimesis")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`mimesis.kind` = 'eval'")
+    names = {r.info.run_name: r for r in runs}
+    assert {"sim_eval", "agent_eval", "sim_eval:mimesis", "agent_eval:grpo", "agent_eval:csd"} <= set(names)
+    grpo = names["agent_eval:grpo"]
+    train = {r.info.run_name: r for r in client.search_runs(
+        [exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'")}
+    assert grpo.data.tags["mimesis.evaluated_run_id"] == train["agent_grpo"].info.run_id
+    assert grpo.data.tags["mimesis.evaluated_version"]
+    assert "mean/overall" in grpo.data.metrics
+    assert names["sim_eval:mimesis"].data.tags["mimesis.evaluated_run_id"] == train["sim_rl"].info.run_id
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+def test_uis_in_a_browser(project):
+    """The operator path on the pipeline's own stores: `python -m flows.ui start` serves the Prefect
+    and MLflow UIs and the deployments; a run of the `pipeline` deployment (dvc repro: all cached)
+    and of the `report` phase deployment complete through the Prefect API and write to the same
+    MLflow store; headless Chromium finds the experiment, the GRPO and CSD runs, their compare view
+    with `reward/mean`, and the completed pipeline flow run. Screenshots: test-artifacts/screenshots/."""
+    from tests import ui_check
+
+    if ui_check.chromium_path() is None:
+        pytest.skip("no chromium installed (CI installs Debian's chromium)")
+    pytest.importorskip("playwright")
+    import mlflow
+
+    from flows import ui
+    from mimesis_lab.train.launch import free_port
+
+    if not (project / "reports" / "report.md").exists():
+        pytest.skip("needs the full repro of test_full_repro_trains_through_sim_rl")
+    state = ui.start(project, prefect_port=free_port(), mlflow_port=free_port(), timeout_s=240)
+    try:
+        env = {**_env(), "PREFECT_API_URL": state["prefect_api"], "PREFECT_HOME": str(project / ".prefect"),
+               "PYTHONPATH": str(project)}
+        code = ("import sys, time\n"
+                "from prefect.deployments import run_deployment\n"
+                "for name, params in (('pipeline/mimesis-pipeline', {}), ('phase/report', {'phase': 'report'})):\n"
+                "    deadline = time.time() + 120\n"
+                "    while True:\n"
+                "        try:\n"
+                "            r = run_deployment(name, parameters=params, timeout=600)\n"
+                "            break\n"
+                "        except Exception as e:  # the served deployments register a few seconds after start\n"
+                "            if time.time() > deadline: raise\n"
+                "            time.sleep(2)\n"
+                "    print(name, r.state.type.value, flush=True)\n"
+                "    assert r.state.is_completed(), (name, r.state)\n")
+        res = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True,
+                             timeout=780)
+        serve_log = (project / ".ui" / "serve.log").read_text()[-4000:] if (project / ".ui" / "serve.log").exists() else ""
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + serve_log
+        client = mlflow.MlflowClient(tracking_uri=state["mlflow_ui"])
+        exp = client.get_experiment_by_name("mimesis")
+        reports = client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'report'")
+        assert len(reports) >= 2, "the report deployment did not write to the pipeline's MLflow store"
+        runs = {r.info.run_name: r.info.run_id for r in client.search_runs(
+            [exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'")}
+        shots = ROOT / "test-artifacts" / "screenshots"
+        found = ui_check.check(state["mlflow_ui"], state["prefect_ui"], exp.experiment_id, runs["agent_grpo"],
+                               runs["agent_csd"], shots)
+        assert set(found) == {"mlflow_experiment", "mlflow_compare", "prefect_runs"}
+        assert all((shots / f).stat().st_size > 5000 for f in ("mlflow_experiment.png", "mlflow_compare.png",
+                                                                "prefect_runs.png"))
+    finally:
+        ui.stop(project)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from mimesis_lab.progress import Progress
 from mimesis_lab.rl.losses import ppo_clip_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
 from mimesis_lab.train.loop import (CHECKPOINTS, MARKER, ResumeError, TrainConfigError, _dist_init, _export, _Log,
@@ -300,10 +301,12 @@ def run_rl_job(phase: str, cfg: Any, fingerprint_fn: Callable[[dict[str, Any]], 
             save_checkpoint(engine, ckpt_root, at, client, log, cfg.keep_last, rank, world)
 
         engine.train()
+        prog = Progress(total, phase, unit="step", initial=step, mode="off")   # rate + ETA for the step lines
         while step < total:
             t0 = time.perf_counter()
             metrics, records = step_fn(job, step)
             step += 1
+            prog.update(1)
             if rank == 0 and metrics is not None:
                 metrics["step_time_s"] = time.perf_counter() - t0
                 history.append(metrics)
@@ -314,7 +317,7 @@ def run_rl_job(phase: str, cfg: Any, fingerprint_fn: Callable[[dict[str, Any]], 
                 if step % cfg.log_every == 0 or step == total:
                     log.write({"kind": "train", "step": step, "metrics": metrics}, metrics)
                     shown = {k: round(v, 4) for k, v in metrics.items() if k in job.state.get("show", ())}
-                    _say(rank, f"step {step}/{total} {shown} {metrics['step_time_s']:.2f}s")
+                    _say(rank, prog.line({**shown, "step_s": round(metrics["step_time_s"], 2)}))
             if step % cfg.save_every == 0 or step == total:
                 save_now(step)
         if not (ckpt_root / tag_for(total) / MARKER).is_file():

@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 from mimesis_lab.packing import collate, masked_token_ce_sum
+from mimesis_lab.progress import Progress
 from mimesis_lab.tracking import file_sha256
 from mimesis_lab.train.data import DataPlan, eval_batches, load_rows, target_count
 from mimesis_lab.train.schedule import lr_at
@@ -561,6 +562,7 @@ def run_training(phase: str, params: Any) -> dict[str, Any] | None:
             evaluate_now(0)
         engine.train()
         step = state["step"]
+        prog = Progress(total, phase, unit="step", initial=step, mode="off")   # rate + ETA for the step lines
         while step < total:
             torch.manual_seed((cfg.seed + 1) * 1_000_003 + step * 131 + rank)
             lr = lr_at(step, total, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio)
@@ -583,6 +585,7 @@ def run_training(phase: str, params: Any) -> dict[str, Any] | None:
             loss = _all_sum([local])[0] / n_tgt
             dt = time.perf_counter() - t0
             step += 1
+            prog.update(1)
             state["step"] = step
             state["tokens_seen"] += n_tok
             state["target_tokens_seen"] += n_tgt
@@ -597,8 +600,8 @@ def run_training(phase: str, params: Any) -> dict[str, Any] | None:
                        "step_time_s": dt}
                 log.write(rec, {"train_loss": loss, "lr": lr, "grad_norm": gn, "tokens_per_s": n_tok / dt,
                                 "step_time_s": dt, "epoch": rec["epoch"]})
-                _say(rank, f"step {step}/{total} loss {loss:.4f} lr {lr:.3g} gn {gn if gn is None else round(gn, 3)} "
-                           f"{n_tok / dt:.0f} tok/s {dt:.3f}s")
+                _say(rank, prog.line({"loss": round(loss, 4), "lr": lr, "gn": gn if gn is None else round(gn, 3),
+                                      "tok/s": round(n_tok / dt), "step_s": round(dt, 3)}))
             if step % cfg.eval_every == 0 or step == total:
                 evaluate_now(step)
             if step % cfg.save_every == 0 or step == total:

@@ -1,0 +1,306 @@
+"""The comparison report (SPEC §4): paper Table 2 shape, simulator benchmarks, plots.
+
+Pure functions from the ``sim_eval`` / ``agent_eval`` summaries (their JSON shapes are documented
+in :mod:`mimesis_lab.evals.sim_eval` and :mod:`mimesis_lab.evals.agent_eval`) to markdown, CSV
+rows (DVC plots) and PNG files (MLflow artifacts). Invalid cells are printed as ``invalid (n)``,
+never as 0; a missing value is ``–``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["fmt", "table2_markdown", "per_gym_markdown", "sim_markdown", "training_curves", "curve_rows",
+           "per_gym_rows", "fi_rows", "write_csv", "write_plots", "headline", "report_markdown"]
+
+FI_DIMS = ("persona", "style", "technical_competency", "information_flow", "pacing")
+SIM_COLUMNS = (("fi", "FI"), ("d1", "D1"), ("d2", "D2"), ("d3", "D3"), ("d4", "D4"), ("ece", "ECE"),
+               ("usi5", "USI5"), ("turing_distance", "Turing dist. ↓"))
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    """A number for a table; ``None``/NaN -> ``–``."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, (int, float)):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _best(values: Mapping[str, Any], lower: bool = False) -> set[str]:
+    nums = {k: v for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    if len(nums) < 2 or len(set(nums.values())) == 1:   # nothing to single out when all are tied
+        return set()
+    target = (min if lower else max)(nums.values())
+    return {k for k, v in nums.items() if v == target}
+
+
+def table2_markdown(agent: Mapping[str, Any]) -> str:
+    """Methods × evaluation users, Mean and MR per user and overall (paper Table 2 shape).
+
+    Mean is higher-better, MR lower-better; the best per column is bold. Both are shown because
+    they can disagree (SPEC §4.2)."""
+    users = list(agent.get("per_user", {}))
+    methods = list(agent.get("overall", {}).get("mean", {}))
+    head = "| Method | " + " | ".join(f"{u} Mean | {u} MR" for u in users) + " | **Overall Mean** | **Overall MR** |"
+    sep = "|---|" + "---|---|" * len(users) + "---|---|"
+    cols: list[tuple[dict[str, Any], bool]] = []
+    for u in users:
+        cols.append((agent["per_user"][u].get("mean", {}), False))
+        cols.append((agent["per_user"][u].get("mean_rank", {}), True))
+    cols.append((agent["overall"].get("mean", {}), False))
+    cols.append((agent["overall"].get("mean_rank", {}), True))
+    lines = [head, sep]
+    for m in methods:
+        cells = []
+        for values, lower in cols:
+            s = fmt(values.get(m))
+            cells.append(f"**{s}**" if m in _best(values, lower) else s)
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(c: Mapping[str, Any] | None) -> str:
+    if not c:
+        return "–"
+    if c.get("status") == "invalid" or c.get("score") is None:
+        return f"invalid ({c.get('invalid', 0)}/{c.get('rollouts', 0)})"
+    extra = f" ({c['invalid']} inv.)" if c.get("invalid") else ""
+    return fmt(c.get("score")) + extra
+
+
+def per_gym_markdown(agent: Mapping[str, Any]) -> str:
+    """One table per evaluation user: gyms × methods (TravelGym also micro_avg / micro_max)."""
+    cells = agent.get("cells", {})
+    methods = list(cells)
+    users = list(next(iter(cells.values()), {}))
+    out = []
+    for u in users:
+        gyms = list(cells[methods[0]].get(u, {})) if methods else []
+        out.append(f"#### Evaluation user `{u}`\n")
+        out.append("| Gym | " + " | ".join(methods) + " |")
+        out.append("|---|" + "---|" * len(methods))
+        for g in gyms:
+            row = [_cell(cells[m].get(u, {}).get(g)) for m in methods]
+            out.append(f"| {g} | " + " | ".join(row) + " |")
+            if g == "travel":
+                for k in ("micro_avg", "micro_max"):
+                    vals = [fmt((cells[m].get(u, {}).get(g) or {}).get(k)) for m in methods]
+                    out.append(f"| travel {k} | " + " | ".join(vals) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def sim_markdown(sim: Mapping[str, Any]) -> str:
+    """Simulators × benchmarks (FI with CI, D1–D4, ECE, USI5, Turing distance, behaviour, SOUL)."""
+    sims = sim.get("simulators", {})
+    head = "| Simulator | " + " | ".join(lbl for _, lbl in SIM_COLUMNS) + " | Behaviour reward | SOUL (± s.e.) |"
+    lines = [head, "|---|" + "---|" * (len(SIM_COLUMNS) + 2)]
+    for name, s in sims.items():
+        row = []
+        for key, _ in SIM_COLUMNS:
+            v = fmt(s.get(key))
+            if key == "fi" and s.get("fi_ci"):
+                lo, hi = s["fi_ci"]
+                v += f" [{fmt(lo, 1)}, {fmt(hi, 1)}]"
+            row.append(v)
+        b = s.get("behavior") or {}
+        soul = s.get("soul") or {}
+        row.append(f"{fmt(b.get('reward'))} ± {fmt(b.get('reward_se'))}")
+        row.append(f"{fmt(soul.get('mean'))} ± {fmt(soul.get('se'))}")
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("Fidelity per dimension (%):\n")
+    lines.append("| Simulator | " + " | ".join(FI_DIMS) + " |")
+    lines.append("|---|" + "---|" * len(FI_DIMS))
+    for name, s in sims.items():
+        per = s.get("fi_per_dim") or {}
+        lines.append(f"| {name} | " + " | ".join(fmt(per.get(d), 1) for d in FI_DIMS) + " |")
+    lines.append("")
+    lines.append("Failures (counted, excluded from the scores):\n")
+    lines.append("| Simulator | judge failures | parse failures | invalid |")
+    lines.append("|---|---|---|---|")
+    for name, s in sims.items():
+        c = s.get("counts") or {}
+        inv = c.get("invalid") or {}
+        inv_s = ", ".join(f"{k}: {v}" for k, v in inv.items() if v) or "0"
+        lines.append(f"| {name} | {c.get('judge_failures', 0)} | {c.get('parse_failures', 0)} | {inv_s} |")
+    return "\n".join(lines)
+
+
+def training_curves(paths: Mapping[str, str | Path], key: str = "reward/mean") -> dict[str, list[tuple[int, float]]]:
+    """``{method: [(step, value), ...]}`` from each training run's ``metrics.jsonl`` (train records)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for method, p in paths.items():
+        f = Path(p)
+        if not f.is_file():
+            continue
+        pts = []
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            v = (r.get("metrics") or {}).get(key)
+            if r.get("kind") == "train" and isinstance(v, (int, float)) and math.isfinite(v):
+                pts.append((int(r.get("step", len(pts) + 1)), float(v)))
+        out[method] = pts
+    return out
+
+
+def curve_rows(curves: Mapping[str, Sequence[tuple[int, float]]]) -> list[dict[str, Any]]:
+    return [{"method": m, "step": s, "reward": v} for m, pts in curves.items() for s, v in pts]
+
+
+def per_gym_rows(agent: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (method, user, gym); invalid cells carry ``score`` empty and ``status`` invalid."""
+    rows = []
+    for m, by_user in agent.get("cells", {}).items():
+        for u, by_gym in by_user.items():
+            for g, c in by_gym.items():
+                rows.append({"method": m, "user": u, "gym": g, "score": c.get("score"),
+                             "status": c.get("status"), "invalid": c.get("invalid", 0)})
+    return rows
+
+
+def fi_rows(sim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [{"simulator": n, "dimension": d, "score": (s.get("fi_per_dim") or {}).get(d)}
+            for n, s in sim.get("simulators", {}).items() for d in FI_DIMS]
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(fields))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+    return path
+
+
+def write_plots(out_dir: str | Path, sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | None,
+                curves: Mapping[str, Sequence[tuple[int, float]]]) -> list[Path]:
+    """PNG plots: training reward curves (GRPO vs CSD), per-gym bars per evaluation user, FI per
+    dimension. Invalid cells are drawn as hatched empty bars labelled ``invalid``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if any(curves.values()):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for m, pts in curves.items():
+            if pts:
+                ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3, label=m)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("mean reward")
+        ax.set_title("Agent training reward")
+        ax.legend()
+        fig.tight_layout()
+        written.append(out / "reward_curves.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    if agent and agent.get("cells"):
+        cells = agent["cells"]
+        methods = list(cells)
+        users = list(cells[methods[0]])
+        fig, axes = plt.subplots(len(users), 1, figsize=(8, 2.8 * len(users)), squeeze=False)
+        for ax, u in zip(axes[:, 0], users):
+            gyms = list(cells[methods[0]][u])
+            width = 0.8 / max(1, len(methods))
+            for i, m in enumerate(methods):
+                for j, g in enumerate(gyms):
+                    c = cells[m][u].get(g) or {}
+                    x = j + i * width
+                    if c.get("score") is None:
+                        ax.bar(x, 0.02, width, color="none", edgecolor="grey", hatch="//")
+                        ax.text(x, 0.03, "invalid", rotation=90, fontsize=6, ha="center", va="bottom")
+                    else:
+                        ax.bar(x, c["score"], width, color=f"C{i}", label=m if j == 0 else None)
+            ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(gyms))], gyms, fontsize=7)
+            ax.set_title(f"evaluation user: {u}", fontsize=9)
+            ax.set_ylabel("score")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(out / "per_gym.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    if sim and sim.get("simulators"):
+        sims = sim["simulators"]
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        width = 0.8 / max(1, len(sims))
+        for i, (n, s) in enumerate(sims.items()):
+            per = s.get("fi_per_dim") or {}
+            ax.bar([j + i * width for j in range(len(FI_DIMS))], [per.get(d) or 0.0 for d in FI_DIMS], width,
+                   label=n, color=f"C{i}")
+        ax.set_xticks([j + width * (len(sims) - 1) / 2 for j in range(len(FI_DIMS))],
+                      [d.replace("_", "\n") for d in FI_DIMS], fontsize=7)
+        ax.set_ylabel("match %")
+        ax.set_title("Fidelity per dimension")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(out / "fi_dims.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def headline(sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | None) -> dict[str, float]:
+    """Flat headline numbers for ``metrics/report.json`` (finite values only)."""
+    out: dict[str, float] = {}
+    for n, s in ((sim or {}).get("simulators") or {}).items():
+        for k in ("fi", "usi5", "ece", "turing_distance"):
+            if isinstance(s.get(k), (int, float)):
+                out[f"sim.{n}.{k}"] = float(s[k])
+    ov = (agent or {}).get("overall") or {}
+    for kind in ("mean", "mean_rank"):
+        for m, v in (ov.get(kind) or {}).items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out[f"agent.{m}.{kind}"] = float(v)
+    if agent:
+        out["agent.invalid_cells"] = float((agent.get("counts") or {}).get("invalid_cells", 0))
+    return out
+
+
+def report_markdown(sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | None,
+                    curves: Mapping[str, Sequence[tuple[int, float]]], links: Mapping[str, str] | None = None,
+                    plots: Sequence[str] = ()) -> str:
+    """The whole report."""
+    parts = ["# MIMESIS comparison report", ""]
+    if links:
+        parts += ["MLflow: " + ", ".join(f"[{k}]({v})" for k, v in links.items()), ""]
+    if agent:
+        c = agent.get("counts") or {}
+        parts += ["## Agents across evaluation users (Table 2 shape)", "",
+                  "Mean: mean score over gyms (higher is better). MR: mean rank over gyms (1 = best). "
+                  "A gym where any method's cell is invalid (the evaluation user failed or refused) is left "
+                  "out of that user's Mean and MR for every method, so the comparison stays paired.", "",
+                  table2_markdown(agent), "",
+                  f"Rollouts: {c.get('rollouts', 0)} ({c.get('from_cache', 0)} from cache, {c.get('run', 0)} run), "
+                  f"invalid rollouts: {c.get('invalid', 0)}, invalid cells: {c.get('invalid_cells', 0)}.", "",
+                  "### Per gym", "", per_gym_markdown(agent), ""]
+    if curves and any(curves.values()):
+        parts += ["## Training reward (GRPO vs CSD)", ""]
+        for m, pts in curves.items():
+            if pts:
+                k = max(1, len(pts) // 3)
+                first = sum(v for _, v in pts[:k]) / k
+                last = sum(v for _, v in pts[-k:]) / k
+                parts.append(f"- {m}: {len(pts)} steps, mean reward first {k} steps {fmt(first, 3)} → "
+                             f"last {k} steps {fmt(last, 3)}")
+        parts.append("")
+    if sim:
+        parts += ["## Simulator benchmarks", "",
+                  f"Judge: `{sim.get('judge')}`; fixed assistant: `{sim.get('assistant')}`; discriminator: "
+                  f"`{sim.get('discriminator')}`. {sim.get('note', '')}", "", sim_markdown(sim), ""]
+    if plots:
+        parts += ["## Plots", ""] + [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots] + [""]
+    return "\n".join(parts)
