@@ -89,7 +89,9 @@ def _setup(tracking: TrackingParams):
         art = Path(tracking.artifact_location)
         art = art if art.is_absolute() else root / art
         art.mkdir(parents=True, exist_ok=True)
-        mlflow.create_experiment(tracking.experiment, artifact_location=art.resolve().as_uri())
+        # the UI opens a training experiment on its runs table (not the GenAI traces overview)
+        mlflow.create_experiment(tracking.experiment, artifact_location=art.resolve().as_uri(),
+                                 tags={"mlflow.experimentKind": "custom_model_development"})
     mlflow.set_experiment(tracking.experiment)
     return mlflow
 

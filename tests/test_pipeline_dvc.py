@@ -253,13 +253,14 @@ def test_uis_in_a_browser(project):
         exp = client.get_experiment_by_name("mimesis")
         reports = client.search_runs([exp.experiment_id], filter_string="attributes.run_name = 'report'")
         assert len(reports) >= 2, "the report deployment did not write to the pipeline's MLflow store"
-        runs = {r.info.run_name: r.info.run_id for r in client.search_runs(
-            [exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'")}
+        runs: dict[str, str] = {}
+        for r in client.search_runs([exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'"):
+            runs.setdefault(r.info.run_name, r.info.run_id)          # newest first
         shots = ROOT / "test-artifacts" / "screenshots"
         found = ui_check.check(state["mlflow_ui"], state["prefect_ui"], exp.experiment_id, runs["agent_grpo"],
                                runs["agent_csd"], shots)
-        assert set(found) == {"mlflow_experiment", "mlflow_compare", "prefect_runs"}
+        assert set(found) == {"mlflow_experiment", "mlflow_compare", "mlflow_reward_curves", "prefect_runs"}
         assert all((shots / f).stat().st_size > 5000 for f in ("mlflow_experiment.png", "mlflow_compare.png",
-                                                                "prefect_runs.png"))
+                                                                "mlflow_reward_curves.png", "prefect_runs.png"))
     finally:
         ui.stop(project)

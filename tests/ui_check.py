@@ -14,6 +14,8 @@ import argparse
 import json
 import shutil
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
@@ -42,31 +44,42 @@ def check(mlflow_url: str, prefect_url: str, experiment_id: str, grpo_run: str, 
         page.set_default_timeout(timeout_ms)
 
         # MLflow: the experiment lists both agent runs
-        page.goto(f"{mlflow_url}/#/experiments/{experiment_id}")
+        page.goto(f"{mlflow_url}/#/experiments/{experiment_id}/runs")
         page.get_by_text("agent_csd", exact=False).first.wait_for()
         page.get_by_text("agent_grpo", exact=False).first.wait_for()
         page.screenshot(path=str(shots / "mlflow_experiment.png"), full_page=True)
         found["mlflow_experiment"] = page.url
 
-        # MLflow: the compare view of the GRPO and CSD runs shows the reward metric
+        # MLflow: the compare view of the GRPO and CSD runs (side by side: CSD's own metrics are there,
+        # NaN for GRPO)
         runs = json.dumps([grpo_run, csd_run])
-        page.goto(f"{mlflow_url}/#/compare-runs?runs={runs}&experiments={json.dumps([experiment_id])}")
-        page.get_by_text("reward/mean", exact=False).first.wait_for()
+        exps = json.dumps([experiment_id])
+        page.goto(f"{mlflow_url}/#/compare-runs?" + urllib.parse.urlencode({"runs": runs, "experiments": exps}))
+        page.get_by_text("Comparing 2 Runs", exact=False).first.wait_for()
+        page.get_by_text("csd/coached_turn_share", exact=False).first.wait_for()
         page.screenshot(path=str(shots / "mlflow_compare.png"), full_page=True)
         found["mlflow_compare"] = page.url
 
-        # MLflow: the reward curve of the CSD run (metric page)
-        page.goto(f"{mlflow_url}/#/metric?runs={runs}&metric=%22reward%2Fmean%22&experiments="
-                  f"{json.dumps([experiment_id])}&plot_metric_keys=%5B%22reward%2Fmean%22%5D")
-        page.get_by_text("reward/mean", exact=False).first.wait_for()
+        # MLflow: both reward curves on one chart
+        page.goto(f"{mlflow_url}/#/metric?" + urllib.parse.urlencode({
+            "runs": runs, "metric": json.dumps("reward/mean"), "experiments": exps,
+            "plot_metric_keys": json.dumps(["reward/mean"])}))
+        page.get_by_text("agent_grpo (reward/mean)", exact=False).first.wait_for()
+        page.get_by_text("agent_csd (reward/mean)", exact=False).first.wait_for()
         page.screenshot(path=str(shots / "mlflow_reward_curves.png"), full_page=True)
+        found["mlflow_reward_curves"] = page.url
 
-        # Prefect: a completed run of the `pipeline` flow
-        page.goto(f"{prefect_url}/runs")
+        # Prefect: a completed run of the `pipeline` flow (its flow page lists its runs and their states)
+        with urllib.request.urlopen(f"{prefect_url}/api/flows/name/pipeline", timeout=30) as r:
+            flow_id = json.loads(r.read())["id"]
+        page.goto(f"{prefect_url}/flows/flow/{flow_id}")
         page.get_by_text("pipeline", exact=False).first.wait_for()
         page.get_by_text("Completed", exact=False).first.wait_for()
+        page.screenshot(path=str(shots / "prefect_pipeline_runs.png"), full_page=True)
+        page.goto(f"{prefect_url}/runs")
+        page.get_by_text("pipeline", exact=False).first.wait_for()
         page.screenshot(path=str(shots / "prefect_runs.png"), full_page=True)
-        found["prefect_runs"] = page.url
+        found["prefect_runs"] = f"{prefect_url}/flows/flow/{flow_id}"
         browser.close()
     return found
 
@@ -82,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     c = mlflow.MlflowClient(tracking_uri=args.mlflow)
     exp = c.get_experiment_by_name(args.experiment)
-    runs = {r.info.run_name: r.info.run_id for r in c.search_runs(
-        [exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'")}
+    runs: dict[str, str] = {}
+    for r in c.search_runs([exp.experiment_id], filter_string="tags.`mimesis.kind` = 'train'"):
+        runs.setdefault(r.info.run_name, r.info.run_id)          # newest first
     print(json.dumps(check(args.mlflow, args.prefect, exp.experiment_id, runs["agent_grpo"], runs["agent_csd"],
                            args.out), indent=2))
     return 0
