@@ -68,19 +68,31 @@ def merged_params(phase: str, profile: str = "tiny", steps: int | None = None, s
     data = yaml.safe_load(Path(base).read_text())
     if PROFILES[profile]:
         data = merge_profile(data, yaml.safe_load((ROOT / PROFILES[profile]).read_text()))
+    from mimesis_lab.config import SIBLING_KEYS
+
     data = copy.deepcopy(data)
+    siblings = ("agent_grpo", "agent_csd")
+
+    def put(key: str, value: Any) -> None:
+        """Set ``key``; a sibling-checked field of agent_grpo/agent_csd is set in both (they stay
+        siblings, so MLflow keeps comparing like with like)."""
+        set_dotted(data, key, value)
+        head, _, rest = key.partition(".")
+        if head in siblings and rest.split(".")[0] in SIBLING_KEYS + ("steps",):
+            other = siblings[1 - siblings.index(head)]
+            if data.get(other) is not None:
+                set_dotted(data, f"{other}.{rest}", copy.deepcopy(value))
+
     if steps is not None:
-        set_dotted(data, f"{phase}.steps", int(steps))
+        put(f"{phase}.steps", int(steps))
     if seed is not None:
-        set_dotted(data, f"{phase}.seed", int(seed))
-        if phase == "agent_grpo" and data.get("agent_csd"):     # keep the CSD run its sibling
-            set_dotted(data, "agent_csd.seed", int(seed))
+        put(f"{phase}.seed", int(seed))
     if alpha is not None:
         if phase != "agent_csd":
             raise ValueError("alpha is the CSD weight: only for phase agent_csd")
-        set_dotted(data, "agent_csd.csd.alpha", float(alpha))
+        put("agent_csd.csd.alpha", float(alpha))
     for k, v in (overrides or {}).items():
-        set_dotted(data, k, v)
+        put(k, v)
     parse_params(data, f"<{phase} deployment params>")
     return data
 

@@ -501,8 +501,9 @@ def _format_error(path: Path, err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key `{key}`")
         else:
-            got = e.get("input")
-            lines.append(f"{path}: `{key}`: {e['msg']} (got {got!r})")
+            got = repr(e.get("input"))
+            got = got if len(got) <= 200 else got[:200] + "…"
+            lines.append(f"{path}: `{key}`: {e['msg']} (got {got})")
     return "\n".join(lines)
 
 
