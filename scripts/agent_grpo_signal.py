@@ -76,9 +76,11 @@ def with_question(messages: list[dict], reply: str) -> list[dict]:
                             {"role": "tool", "content": f"{reply}\nReward: 0"}] + messages[at:]
 
 
-def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: bool = False) -> dict:
+def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: bool = False,
+               traces_fn: Callable[[list[dict]], list[dict]] | None = None) -> dict:
     """Tokenizer + tiny model, fine-tuned for ``sft_steps`` steps on the rewarded oracle traces
-    (with ``ask``: every other trace first asks the user what matters, so the agent consults the user)."""
+    (with ``ask``: every other trace first asks the user what matters, so the agent consults the user;
+    ``traces_fn(rows)`` replaces the traces altogether, e.g. :mod:`scripts.csd_validity`'s)."""
     import random
 
     import torch
@@ -94,7 +96,9 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: b
     decoded = [dict(r, reward_model=json.loads(r["reward_model"]), extra_info=json.loads(r["extra_info"]))
                for r in rows]
     traces = [t for t in (expert_trace(r, tasks) for r in decoded) if t is not None]
-    if ask:
+    if traces_fn is not None:
+        traces = traces_fn(decoded)
+    elif ask:
         from mimesis_lab.rollout.shim import split_reasoning
 
         public = split_reasoning(USER_REPLY)[1]
@@ -128,12 +132,13 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: b
 def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str | None = None,
           experiment: str = "agent-grpo-signal", seed: int = 11, lr: float = 1e-3,
           prompts: int = 8, rollouts: int = 4, ask: bool = False,
-          user_url: str = "http://127.0.0.1:9/v1") -> Path:
+          user_url: str = "http://127.0.0.1:9/v1",
+          traces_fn: Callable[[list[dict]], list[dict]] | None = None) -> Path:
     """Write the rows, the warm-started agent and ``params.yaml`` under ``out``; return the params path."""
     out.mkdir(parents=True, exist_ok=True)
     rows = travel_rows()
     pl.DataFrame(rows).write_parquet(out / "travel.parquet")
-    info = warm_start(out, rows, sft_steps=sft_steps, seed=seed, ask=ask)
+    info = warm_start(out, rows, sft_steps=sft_steps, seed=seed, ask=ask, traces_fn=traces_fn)
     (out / "warm_start.json").write_text(json.dumps(info, indent=2))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tracking"].update(tracking_uri=tracking_uri or f"sqlite:///{out / 'mlflow.db'}",
@@ -160,9 +165,10 @@ def serve_user(reply_for: Callable[[bytes], str] | None = None) -> ThreadingHTTP
     return srv
 
 
-def run(params_path: Path, cwd: Path, timeout: int = 1800, phase: str = "agent_grpo") -> subprocess.CompletedProcess:
+def run(params_path: Path, cwd: Path, timeout: int = 1800, phase: str = "agent_grpo",
+        reply_for: Callable[[bytes], str] | None = None) -> subprocess.CompletedProcess:
     """Run the ``phase`` flow on ``params_path`` with the scripted user served for its duration."""
-    srv = serve_user()
+    srv = serve_user(reply_for)
     params = yaml.safe_load(params_path.read_text())
     for sec in ("agent_grpo", "agent_csd"):
         if params.get(sec):
