@@ -130,7 +130,7 @@ class AgentEvalParams(Section):
     users: dict[str, EvalUserParams] = Field(
         default_factory=lambda: {
             "scripted": EvalUserParams(kind="scripted"),
-            "sft_sim": EvalUserParams(kind="simulator", model_path="models/sft/final"),
+            "midtrain_sim": EvalUserParams(kind="simulator", model_path="models/midtrain/final"),
             "prompted": EvalUserParams(kind="prompted", model_path="models/midtrain/final"),
         },
         description="Evaluation user name -> user (at least 3 in the paper's protocol; none may be the training "

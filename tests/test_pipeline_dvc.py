@@ -188,7 +188,7 @@ def _check_evaluation(project: Path) -> None:
         assert 0 <= m["fi"] <= 100 and "usi5" in m and "turing_distance" in m, (name, m)
     ag = json.loads((project / "metrics" / "agent_eval.json").read_text())
     assert set(ag["overall"]["mean"]) == {"base", "grpo", "csd"}
-    assert set(ag["per_user"]) == {"scripted", "sft_sim", "prompted"}
+    assert set(ag["per_user"]) == {"scripted", "midtrain_sim", "prompted"}
     assert ag["counts"]["rollouts"] == 3 * 3 * 8 * 2
     report = (project / "reports" / "report.md").read_text()
     assert "Overall Mean" in report and "Simulator benchmarks" in report

@@ -115,6 +115,9 @@ def _cfg(world, sims: dict, n_conv: int = 2, **kw) -> SimEvalParams:
 
 
 def _run(world, cfg, tmp_path, **kw):
+    # a `base`-only config has no checkpoint folder to borrow the tokenizer from: give the test's own
+    # (never the repo's models/tokenizer, which a clean checkout does not have)
+    kw.setdefault("tokenizer_path", world["ckpt"])
     return run_sim_eval(cfg, world["model_cfg"], out_dir=tmp_path / "out", kb=ABCD / "kb.json",
                         guidelines=ABCD / "guidelines.json", abcd_raw=ABCD / "abcd_v1.1.json", **kw)
 
