@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
+from flows.simulator import phase_params  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, flatten, load_params  # noqa: E402
 
@@ -165,9 +166,7 @@ def sim_eval_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     from mimesis_lab.evals.report import sim_markdown
 
     params = load_params(params_path)
-    cfg = params.sim_eval
-    if cfg is None:
-        raise ValueError(f"{params_path}: no `sim_eval` section")
+    cfg = phase_params(params, "sim_eval")
     summary = _sim_eval_task(params_path)
     flat = {n: flat_sim(s) for n, s in summary["simulators"].items()}
     _write_json(cfg.metrics, flat)
@@ -193,9 +192,7 @@ def agent_eval_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     from mimesis_lab.evals.report import table2_markdown
 
     params = load_params(params_path)
-    cfg = params.agent_eval
-    if cfg is None:
-        raise ValueError(f"{params_path}: no `agent_eval` section")
+    cfg = phase_params(params, "agent_eval")
     summary = _agent_eval_task(params_path)
     flat = {a: flat_agent(summary, a) for a in summary["cells"]}
     _write_json(cfg.metrics, {"overall": summary.get("overall"), "per_user": summary.get("per_user"),
@@ -219,9 +216,7 @@ def report_flow(params_path: str = "params.yaml") -> str:
     from mimesis_lab.evals import report as rep
 
     params = load_params(params_path)
-    cfg = params.report
-    if cfg is None:
-        raise ValueError(f"{params_path}: no `report` section")
+    cfg = phase_params(params, "report")
     sim = _load(Path(params.sim_eval.output_dir) / "summary.json") if params.sim_eval else None
     agent = _load(Path(params.agent_eval.output_dir) / "summary.json") if params.agent_eval else None
     runs = {}

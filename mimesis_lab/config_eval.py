@@ -16,6 +16,15 @@ __all__ = ["EvalSimulatorParams", "EvalPartnerParams", "DiscriminatorParams", "S
            "AgentEvalParams", "ReportParams"]
 
 
+def _check_source(p, path_kinds: tuple[str, ...]):
+    """A model-backed section (``kind``, ``model_path``, ``openai``) names what its kind needs."""
+    if p.kind in path_kinds and not p.model_path:
+        raise ValueError(f"kind `{p.kind}` needs model_path")
+    if p.kind == "openai" and p.openai is None:
+        raise ValueError("kind `openai` needs an `openai` endpoint")
+    return p
+
+
 class EvalSimulatorParams(Section):
     """One simulator under evaluation (the trained one or a baseline)."""
 
@@ -30,11 +39,7 @@ class EvalSimulatorParams(Section):
 
     @model_validator(mode="after")
     def _needs(self) -> "EvalSimulatorParams":
-        if self.kind in ("checkpoint", "prompted") and not self.model_path:
-            raise ValueError(f"kind `{self.kind}` needs model_path")
-        if self.kind == "openai" and self.openai is None:
-            raise ValueError("kind `openai` needs an `openai` endpoint")
-        return self
+        return _check_source(self, ("checkpoint", "prompted"))
 
 
 class EvalPartnerParams(Section):
@@ -113,11 +118,7 @@ class EvalUserParams(Section):
 
     @model_validator(mode="after")
     def _needs(self) -> "EvalUserParams":
-        if self.kind in ("simulator", "prompted") and not self.model_path:
-            raise ValueError(f"kind `{self.kind}` needs model_path")
-        if self.kind == "openai" and self.openai is None:
-            raise ValueError("kind `openai` needs an `openai` endpoint")
-        return self
+        return _check_source(self, ("simulator", "prompted"))
 
 
 class AgentEvalParams(Section):

@@ -10,14 +10,18 @@ chat completion, a refusal).
 """
 from __future__ import annotations
 
+import json
 import os
-from typing import Any
+import time
+from typing import Any, Callable, TypeVar
 
 import httpx
 
 from mimesis_lab.config import OpenAIEndpoint
 
 __all__ = ["ChatEndpoint", "EndpointTimeout"]
+
+T = TypeVar("T")
 
 
 class EndpointTimeout(ValueError):
@@ -69,3 +73,29 @@ class ChatEndpoint:
         if not isinstance(content, str):
             raise ValueError("choices[0].message.content is not a string")
         return content
+
+    def json_with_retries(self, body: dict[str, Any], parse: Callable[[Any], T], backoff_s: float = 0.0
+                          ) -> tuple[T | None, int, list[tuple[str, str]]]:
+        """Up to ``max_retries + 1`` attempts of ``parse(json.loads(content))`` (sleeping
+        ``backoff_s * attempt`` before a retry). Returns ``(result or None, parse failures, errors)``;
+        each error is ``(kind, detail)`` with kind ``timeout``, ``error`` (any other endpoint failure)
+        or ``parse`` (an answer that is not JSON or that ``parse`` rejects with ``ValueError``)."""
+        errors: list[tuple[str, str]] = []
+        parse_failures = 0
+        for attempt in range(self.endpoint.max_retries + 1):
+            if attempt and backoff_s > 0:
+                time.sleep(backoff_s * attempt)
+            try:
+                content = self.content(body)
+            except EndpointTimeout as e:
+                errors.append(("timeout", str(e)))
+                continue
+            except ValueError as e:
+                errors.append(("error", str(e)))
+                continue
+            try:
+                return parse(json.loads(content)), parse_failures, errors
+            except ValueError as e:   # json.JSONDecodeError is a ValueError
+                parse_failures += 1
+                errors.append(("parse", f"unparsable answer: {e}"))
+        return None, parse_failures, errors

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
@@ -129,6 +128,13 @@ LABEL_SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "en
                 "required": ["label"], "additionalProperties": False}
 
 
+def _label(obj: Any) -> str:
+    """The ``label`` of a strict ``{"label": "human"|"simulated"}`` answer (``ValueError`` otherwise)."""
+    if not isinstance(obj, dict) or set(obj) != {"label"} or obj["label"] not in (HUMAN, SIMULATED):
+        raise ValueError(f"not a label object: {json.dumps(obj)[:100]}")
+    return obj["label"]
+
+
 class OpenAIDiscriminator:
     """An LLM labels each conversation ``human`` or ``simulated`` (strict JSON, retries, never raises)."""
 
@@ -153,25 +159,8 @@ class OpenAIDiscriminator:
                               "assistant. Were they written by a real human or by a user simulator (a language "
                               "model)? Answer with the JSON object {\"label\": \"human\"|\"simulated\"} only."},
                              {"role": "user", "content": convo}]}
-        parse, last = 0, None
-        for attempt in range(self.endpoint.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * attempt)
-            try:
-                content = self.chat.content(body)
-            except ValueError as e:       # EndpointTimeout included
-                last = str(e)
-                continue
-            try:
-                obj = json.loads(content)
-                if not isinstance(obj, dict) or set(obj) != {"label"} or obj["label"] not in (HUMAN, SIMULATED):
-                    raise ValueError(f"not a label object: {content[:100]!r}")
-            except ValueError as e:
-                parse += 1
-                last = f"unparsable answer: {e}"
-                continue
-            return obj["label"], parse, None
-        return None, parse, last
+        label, parse, errors = self.chat.json_with_retries(body, _label, self.backoff_s)
+        return label, parse, (errors[-1][1] if label is None and errors else None)
 
     def classify(self, human: Sequence[Sequence[str]], simulated: Sequence[Sequence[str]],
                  human_groups: Sequence[Hashable] | None = None,

@@ -35,9 +35,7 @@ retrying up to ``endpoint.max_retries`` times; each unparsable / schema-invalid 
 """
 from __future__ import annotations
 
-import json
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -234,32 +232,14 @@ class OpenAIFidelityJudge:
         self.chat.close()
 
     def judge(self, req: FidelityRequest) -> FidelityVerdict | FidelityFailure:
-        from mimesis_lab.endpoint import EndpointTimeout
-
         body = {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
-        errors: list[tuple[str, str]] = []
-        parse = 0
-        for attempt in range(self.endpoint.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * attempt)
-            try:
-                content = self.chat.content(body)
-            except EndpointTimeout as e:
-                errors.append(("timeout", str(e)))
-                continue
-            except ValueError as e:
-                errors.append(("judge_failure", str(e)))
-                continue
-            try:
-                v = _validate(json.loads(content))
-            except ValueError as e:   # json.JSONDecodeError is a ValueError
-                parse += 1
-                errors.append(("judge_failure", f"unparsable answer: {e}"))
-                continue
+        v, parse, errors = self.chat.json_with_retries(body, _validate, self.backoff_s)
+        if v is not None:
             v.parse_failures = parse
             return v
-        reason, last = errors[-1]
+        kind, last = errors[-1]
+        reason = "timeout" if kind == "timeout" else "judge_failure"
         return FidelityFailure(reason, f"failed after {len(errors)} attempt(s): {last}", parse)
 
 

@@ -183,6 +183,13 @@ def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], fields: Seque
     return path
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(out_dir: str | Path, sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | None,
                 curves: Mapping[str, Sequence[tuple[int, float]]]) -> list[Path]:
     """PNG plots: training reward curves (GRPO vs CSD), per-gym bars per evaluation user, FI per
@@ -204,10 +211,7 @@ def write_plots(out_dir: str | Path, sim: Mapping[str, Any] | None, agent: Mappi
         ax.set_ylabel("mean reward")
         ax.set_title("Agent training reward")
         ax.legend()
-        fig.tight_layout()
-        written.append(out / "reward_curves.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(_save(plt, fig, out / "reward_curves.png"))
     if agent and agent.get("cells"):
         cells = agent["cells"]
         methods = list(cells)
@@ -229,10 +233,7 @@ def write_plots(out_dir: str | Path, sim: Mapping[str, Any] | None, agent: Mappi
             ax.set_title(f"evaluation user: {u}", fontsize=9)
             ax.set_ylabel("score")
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(out / "per_gym.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(_save(plt, fig, out / "per_gym.png"))
     if sim and sim.get("simulators"):
         sims = sim["simulators"]
         fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -246,10 +247,7 @@ def write_plots(out_dir: str | Path, sim: Mapping[str, Any] | None, agent: Mappi
         ax.set_ylabel("match %")
         ax.set_title("Fidelity per dimension")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(out / "fi_dims.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(_save(plt, fig, out / "fi_dims.png"))
     return written
 
 
