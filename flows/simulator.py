@@ -55,6 +55,16 @@ def summary_markdown(phase: str, summary: dict[str, Any], url: str, version: str
     return f"# {phase}\n\nMLflow run: [{url}]({url})\n{reg}\n| metric | value |\n|---|---|\n{rows}\n"
 
 
+#: Phases whose MLflow params share one prefix, so that sibling runs line up row by row in
+#: MLflow's compare view (``agent.lr`` for both, ``agent.csd.alpha`` for the CSD run only).
+SHARED_PARAM_PREFIX = {"agent_grpo": "agent", "agent_csd": "agent"}
+
+
+def param_prefix(phase: str) -> str:
+    """The MLflow param prefix of ``phase``'s section (the phase name itself, or a shared one)."""
+    return SHARED_PARAM_PREFIX.get(phase, phase)
+
+
 @task(name="train_phase", log_prints=True)
 def train_phase(phase: str, params_path: str, parent_run_id: str | None,
                 world_size: int | None = None) -> dict[str, Any]:
@@ -68,7 +78,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     if params.tracking.enabled:
         run_id = tracking.create_run(
             params.tracking, phase, parent_run_id,
-            params={**flatten(cfg, f"{phase}."), **flatten(params.model, "model.")},
+            params={**flatten(cfg, f"{param_prefix(phase)}."), **flatten(params.model, "model."), "phase": phase},
             tags={"mimesis.phase": phase, "mimesis.kind": "train", **tracking.provenance(phase)},
         )
         env.update(tracking.tracking_env(params.tracking, run_id))

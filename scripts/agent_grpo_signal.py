@@ -77,8 +77,9 @@ def with_question(messages: list[dict], reply: str) -> list[dict]:
 
 
 def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: bool = False,
-               traces_fn: Callable[[list[dict]], list[dict]] | None = None) -> dict:
-    """Tokenizer + tiny model, fine-tuned for ``sft_steps`` steps on the rewarded oracle traces
+               traces_fn: Callable[[list[dict]], list[dict]] | None = None,
+               model: dict | None = None) -> dict:
+    """Tokenizer + tiny model (``model`` overrides its :class:`ModelParams` fields), fine-tuned for ``sft_steps`` steps on the rewarded oracle traces
     (with ``ask``: every other trace first asks the user what matters, so the agent consults the user;
     ``traces_fn(rows)`` replaces the traces altogether, e.g. :mod:`scripts.csd_validity`'s)."""
     import random
@@ -106,9 +107,9 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: b
     texts = [m["content"] for t in traces for m in t["messages"]]
     tok = train_tokenizer(texts * 3, vocab_size=1500, min_frequency=1)
     torch.manual_seed(seed)
-    model = build_tiny_model(ModelParams(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                                         max_position_embeddings=2048, seed=seed), len(tok), tok.pad_token_id,
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, max_position_embeddings=2048, seed=seed)
+    model = build_tiny_model(ModelParams(**{**shape, **(model or {})}), len(tok), tok.pad_token_id,
                              tok.eos_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     examples = []
@@ -133,12 +134,16 @@ def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str
           experiment: str = "agent-grpo-signal", seed: int = 11, lr: float = 1e-3,
           prompts: int = 8, rollouts: int = 4, ask: bool = False,
           user_url: str = "http://127.0.0.1:9/v1",
-          traces_fn: Callable[[list[dict]], list[dict]] | None = None) -> Path:
-    """Write the rows, the warm-started agent and ``params.yaml`` under ``out``; return the params path."""
+          traces_fn: Callable[[list[dict]], list[dict]] | None = None, init_from: Path | None = None) -> Path:
+    """Write the rows, the warm-started agent and ``params.yaml`` under ``out``; return the params path.
+    With ``init_from`` (a local Hugging Face checkpoint) that model is the initial agent: no warm start."""
     out.mkdir(parents=True, exist_ok=True)
     rows = travel_rows()
     pl.DataFrame(rows).write_parquet(out / "travel.parquet")
-    info = warm_start(out, rows, sft_steps=sft_steps, seed=seed, ask=ask, traces_fn=traces_fn)
+    if init_from is None:
+        info = warm_start(out, rows, sft_steps=sft_steps, seed=seed, ask=ask, traces_fn=traces_fn)
+    else:
+        info = {"init_from": str(Path(init_from).resolve()), "warm_start": "none"}
     (out / "warm_start.json").write_text(json.dumps(info, indent=2))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tracking"].update(tracking_uri=tracking_uri or f"sqlite:///{out / 'mlflow.db'}",
@@ -146,7 +151,7 @@ def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str
                               agent_model="mimesis-agent-signal")
     params.pop("agent_csd", None)   # its sibling check compares it with the agent_grpo edited here
     cfg = params["agent_grpo"]
-    cfg.update(init_from=str(out / "init"), data=str(out / "travel.parquet"), gyms={"travel": 1.0},
+    cfg.update(init_from=str(Path(init_from).resolve() if init_from else out / "init"), data=str(out / "travel.parquet"), gyms={"travel": 1.0},
                deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=steps, prompts_per_step=prompts,
                rollouts_per_prompt=rollouts, minibatches=1, micro_rows=32, lr=lr, seed=seed,
                save_every=max(1, steps // 2), output_dir=str(out / "agent_grpo"))
