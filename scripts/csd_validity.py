@@ -171,12 +171,13 @@ def topic_traces(rows: list[dict], plain_copies: int = 2, subsets: int = 3, seed
     vague reply, a question about that category (whatever the task), then the oracle search + answer —
     so without a note the agent asks about *some* topic, chosen without regard to the task (what RL
     has to improve);
-    (B) for every task, notes in the coach's wording naming categories chosen at random
-    (:func:`instruction_notes`, never the task's own), each followed by a question about one of the
-    named categories — so the agent has learned to *read* a note and ask what it names (instruction
-    following, as an instruction-tuned LLM would), without being taught which topic pays for which
-    task. Only the live coach's notes, built from the user's private reasoning, know that: the
-    teacher knows something the student does not."""
+    (B) for every task, coaching notes each followed by a question about one of the categories the
+    note names: with ``instruction``, notes in the coach's wording naming categories chosen at random
+    (:func:`instruction_notes`) — instruction following without being taught which topic pays for
+    which task (a 2-layer model does not learn it: its teacher ignores the note); with
+    ``task_note_copies``, the task's own coach note (built from the user's private reasoning, as in
+    the live post-pass) that many times — so the teacher, the same actor with the note in context,
+    asks the right topic while the student, without it, does not."""
     import random as _random
 
     from mimesis_lab.envs.gyms.experts import expert_actions
@@ -280,17 +281,17 @@ def csd_section(grpo: dict, alpha: float, out_dir: str) -> dict:
 
 def run_pair(out: Path, seed: int, steps: int, uri: str, experiment: str, variant: str = "topic",
              alpha: float = 0.01, sft_steps: int = 300, warm_notes: str = "task", turns: int = 2,
-             max_turns: int = 2, init_from: Path | None = None) -> dict:
+             max_turns: int = 2, init_from: Path | None = None, prompts: int = 8, rollouts: int = 4) -> dict:
     work = out / f"seed{seed}"
     if variant == "topic":
         p = sig.build(work, steps=steps, tracking_uri=uri, experiment=experiment, seed=seed,
                       traces_fn=functools.partial(topic_traces, **WARM_NOTES[warm_notes]), sft_steps=sft_steps,
-                      init_from=init_from)
+                      init_from=init_from, prompts=prompts, rollouts=rollouts)
         reply_for = topic_reply_for
     else:
         sig.USER_REPLY = PRIVATE_REPLY
         p = sig.build(work, steps=steps, tracking_uri=uri, experiment=experiment, seed=seed, ask=True,
-                      sft_steps=sft_steps)
+                      sft_steps=sft_steps, prompts=prompts, rollouts=rollouts)
         reply_for = None
     params = yaml.safe_load(p.read_text())
     if variant == "topic":   # vague question, targeted question[, search, answer]
@@ -330,6 +331,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-notes", choices=sorted(WARM_NOTES), default="task",
                     help="which coaching notes the warm start shows the agent (topic variant)")
     ap.add_argument("--turns", type=int, default=1, help="CSD turns_per_trajectory")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts (groups) per step")
+    ap.add_argument("--rollouts", type=int, default=4, help="rollouts per prompt (GRPO group size, >= 2)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="a local Hugging Face checkpoint (e.g. an instruction-tuned model, which reads notes "
                          "natively) as the initial agent instead of the warm-started tiny one (topic variant)")
@@ -345,7 +348,8 @@ def main(argv=None) -> int:
     results, probes = {}, {}
     for seed in args.seeds:
         res = run_pair(out, seed, args.steps, uri, args.experiment, args.variant, args.alpha,
-                       args.sft_steps, args.warm_notes, args.turns, args.max_turns, args.init_from)
+                       args.sft_steps, args.warm_notes, args.turns, args.max_turns, args.init_from,
+                       args.prompts, args.rollouts)
         if "teacher_probe" in res:
             probes[seed] = res.pop("teacher_probe")
         results[seed] = res
@@ -362,7 +366,7 @@ def main(argv=None) -> int:
     summary["seeds_csd_ahead"] = sum(c > g for c, g in zip(summary["agent_csd"]["per_seed"],
                                                               summary["agent_grpo"]["per_seed"]))
     summary["config"] = {k: getattr(args, k) for k in ("seeds", "steps", "window", "variant", "alpha", "sft_steps",
-                                                       "warm_notes", "turns", "max_turns")}
+                                                       "warm_notes", "turns", "max_turns", "prompts", "rollouts")}
     summary["config"]["init_from"] = str(args.init_from) if args.init_from else None
     if probes:
         summary["teacher_probe"] = {s: {k: v for k, v in p.items() if k != "tasks"} for s, p in probes.items()}

@@ -174,3 +174,26 @@ def test_csd_gradient_nonzero_when_grpo_advantages_are_zero():
         logp, _t([-0.5, -1.0]), torch.ones(2))
     total.backward()
     assert (logp.grad < 0).all()
+
+
+def test_csd_weighted_likelihood_optimum():
+    # SPEC §3.4: over actions a ~ p (fixed sampler, enumerated exactly), minimising the expected CSD
+    # loss with a fixed coaching weight g(a) (placebo-corrected delta, independent of the student)
+    # drives the student to p+(a) ∝ p(a) g(a).
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    teacher = _t([-1.0, -1.0, -1.0])
+    placebo = torch.tensor([-1.0 + 0.277259, -1.0, -1.0 - 0.439445], dtype=torch.float64)  # g = 0.2, 0.5, 0.9
+    g = torch.sigmoid(5.0 * (teacher - placebo))
+    theta = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([theta], lr=2.0)
+    for _ in range(3000):
+        logq = torch.log_softmax(theta, 0)
+        loss = sum(p[a] * csd_loss(logq[a:a + 1], teacher[a:a + 1], torch.ones(1), placebo_logp=placebo[a:a + 1])
+                   for a in range(3))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert g.tolist() == pytest.approx([0.2, 0.5, 0.9], abs=1e-6)
+    target = p * g / (p * g).sum()
+    assert torch.softmax(theta, 0).tolist() == pytest.approx(target.tolist(), abs=1e-6)
+    assert target[2] > p[2] and target[0] < p[0]      # coaching moves mass to the well-coached action
