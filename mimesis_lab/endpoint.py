@@ -19,7 +19,7 @@ import httpx
 
 from mimesis_lab.config import OpenAIEndpoint
 
-__all__ = ["ChatEndpoint", "EndpointTimeout"]
+__all__ = ["ChatEndpoint", "EndpointTimeout", "JsonJudgeClient"]
 
 T = TypeVar("T")
 
@@ -99,3 +99,19 @@ class ChatEndpoint:
                 parse_failures += 1
                 errors.append(("parse", f"unparsable answer: {e}"))
         return None, parse_failures, errors
+
+
+class JsonJudgeClient:
+    """Base of an LLM evaluator that asks one endpoint for strict JSON through
+    :meth:`ChatEndpoint.json_with_retries`: holds ``endpoint``, ``backoff_s``, the ``chat`` endpoint
+    and the ``identity`` recorded with its results (``openai:<model>@<base_url>``)."""
+
+    kind = "openai"
+
+    def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float = 1.0):
+        self.endpoint, self.backoff_s = endpoint, backoff_s
+        self.chat = ChatEndpoint(endpoint, client)
+        self.identity = f"openai:{endpoint.model}@{endpoint.base_url}"
+
+    def close(self) -> None:
+        self.chat.close()

@@ -66,6 +66,11 @@ def travel_rows() -> list[dict]:
     return rows
 
 
+def decode_row(row: dict) -> dict:
+    """A :func:`travel_rows` row with ``reward_model`` and ``extra_info`` parsed back to dicts."""
+    return dict(row, reward_model=json.loads(row["reward_model"]), extra_info=json.loads(row["extra_info"]))
+
+
 ASK = "[action] What matters most to you for this trip?"
 
 
@@ -94,8 +99,7 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: b
     from mimesis_lab.tokenizer import train_tokenizer
 
     tasks = {"travel": load_tasks("travel")}
-    decoded = [dict(r, reward_model=json.loads(r["reward_model"]), extra_info=json.loads(r["extra_info"]))
-               for r in rows]
+    decoded = [decode_row(r) for r in rows]
     traces = [t for t in (expert_trace(r, tasks) for r in decoded) if t is not None]
     if traces_fn is not None:
         traces = traces_fn(decoded)
@@ -209,8 +213,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-run", action="store_true")
     args = ap.parse_args(argv)
     uri = args.tracking_uri
-    if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = f"sqlite:///{(Path.cwd() / uri[len('sqlite:///'):]).resolve()}"
+    if uri:
+        from mimesis_lab.tracking import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(uri, Path.cwd())
     out = args.out.resolve()
     p = build(out, steps=args.steps, sft_steps=args.sft_steps, tracking_uri=uri, experiment=args.experiment, lr=args.lr,
               prompts=args.prompts, rollouts=args.rollouts,

@@ -234,8 +234,7 @@ def teacher_probe(model_dir: Path, beta: float = 5.0) -> dict:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     tasks = {"travel": load_tasks("travel")}
-    rows = [dict(r, reward_model=json.loads(r["reward_model"]), extra_info=json.loads(r["extra_info"]))
-            for r in sig.travel_rows()]
+    rows = [sig.decode_row(r) for r in sig.travel_rows()]
     notes = {r["task_id"]: note_for_task(r, tasks) for r in rows}
     cats = [n for n, _ in CATEGORIES]
     cat_ids = {c: tok(" " + c, add_special_tokens=False)["input_ids"][0] for c in cats}
@@ -342,9 +341,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    uri = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = f"sqlite:///{(Path.cwd() / uri[len('sqlite:///'):]).resolve()}"
+    from mimesis_lab.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}", Path.cwd())
     results, probes = {}, {}
     for seed in args.seeds:
         res = run_pair(out, seed, args.steps, uri, args.experiment, args.variant, args.alpha,

@@ -106,8 +106,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-run", action="store_true")
     args = ap.parse_args(argv)
     uri = args.tracking_uri
-    if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = f"sqlite:///{(Path.cwd() / uri[len('sqlite:///'):]).resolve()}"
+    if uri:
+        from mimesis_lab.tracking import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(uri, Path.cwd())
     p = build(args.out.resolve(), steps=args.steps, tracking_uri=uri, experiment=args.experiment, seed=args.seed)
     print(f"wrote {p}")
     if args.no_run:

@@ -18,8 +18,7 @@ CATS = [n for n, _ in CATEGORIES]
 
 
 def _rows():
-    return [dict(r, reward_model=json.loads(r["reward_model"]), extra_info=json.loads(r["extra_info"]))
-            for r in sig.travel_rows()]
+    return [sig.decode_row(r) for r in sig.travel_rows()]
 
 
 def test_topic_user_keeps_preferences_private_unless_asked():

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
+from mimesis_lab.endpoint import JsonJudgeClient
 from mimesis_lab.envs.usersim_tasks import has_politeness, words
 from mimesis_lab.evals.fidelity_judge import technical_share
 
@@ -135,20 +136,8 @@ def _label(obj: Any) -> str:
     return obj["label"]
 
 
-class OpenAIDiscriminator:
+class OpenAIDiscriminator(JsonJudgeClient):
     """An LLM labels each conversation ``human`` or ``simulated`` (strict JSON, retries, never raises)."""
-
-    kind = "openai"
-
-    def __init__(self, endpoint: Any, client: Any = None, backoff_s: float = 1.0):
-        from mimesis_lab.endpoint import ChatEndpoint
-
-        self.endpoint, self.backoff_s = endpoint, backoff_s
-        self.chat = ChatEndpoint(endpoint, client)
-        self.identity = f"openai:{endpoint.model}@{endpoint.base_url}"
-
-    def close(self) -> None:
-        self.chat.close()
 
     def _one(self, turns: Sequence[str]) -> tuple[str | None, int, str | None]:
         convo = "\n".join(f"[user turn {k + 1}] {t}" for k, t in enumerate(turns))

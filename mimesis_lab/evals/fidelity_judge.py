@@ -39,6 +39,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from mimesis_lab.endpoint import JsonJudgeClient
 from mimesis_lab.envs.usersim_tasks import (
     has_politeness, is_assistant_like, parse_system_prompt, profile_contradictions, words,
 )
@@ -216,20 +217,8 @@ def judge_messages(req: FidelityRequest) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-class OpenAIFidelityJudge:
+class OpenAIFidelityJudge(JsonJudgeClient):
     """LLM fidelity judge (strict JSON, bounded retries, never raises)."""
-
-    kind = "openai"
-
-    def __init__(self, endpoint: Any, client: Any = None, backoff_s: float = 1.0):
-        from mimesis_lab.endpoint import ChatEndpoint
-
-        self.endpoint, self.backoff_s = endpoint, backoff_s
-        self.chat = ChatEndpoint(endpoint, client)
-        self.identity = f"openai:{endpoint.model}@{endpoint.base_url}"
-
-    def close(self) -> None:
-        self.chat.close()
 
     def judge(self, req: FidelityRequest) -> FidelityVerdict | FidelityFailure:
         body = {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
