@@ -25,7 +25,7 @@ half of the warm-start oracle traces ask the user once before searching (``build
 the stock travel oracle never asks, so the agent would never talk to the user and the coach would
 have no cue: zero teacher rows), and the scripted user varies its answer (deterministically per conversation) so the
 template coach writes different notes and placebo rows can be drawn. ``--no-ask`` and
-``--no-varied-user`` restore the stock setup. Each job runs as ``python -m mimesis_lab.train.run --phase <phase>``
+``--no-varied-user`` restore the stock setup. Each job runs as ``python -m mimesis_lab.jobs.<phase> --phase <phase>``
 (a world-size-1 DeepSpeed job on CPU) with ``OMP_NUM_THREADS=1``.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def run_job(phase: str, path: Path, cwd: Path) -> float:
            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)}
     env.pop("MLFLOW_RUN_ID", None)
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "mimesis_lab.train.run", "--phase", phase, "--params", str(path)],
+    res = subprocess.run([sys.executable, "-m", f"mimesis_lab.jobs.{phase}", "--phase", phase, "--params", str(path)],
                          cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if res.returncode != 0:

@@ -32,7 +32,7 @@ from mimesis_lab.abcd import load_guidelines, load_kb  # noqa: E402
 from mimesis_lab.config import load_params  # noqa: E402
 from mimesis_lab.envs.base import TaskContext, make_episode  # noqa: E402
 from mimesis_lab.envs.registry import load_task_rows  # noqa: E402
-from mimesis_lab.rl.sim_rl import sample_groups  # noqa: E402
+from mimesis_lab.jobs.sim_rl import sample_groups  # noqa: E402
 from mimesis_lab.rollout.backends import SamplingParams, TransformersBackend  # noqa: E402
 from mimesis_lab.rollout.sim_rollout import run_episodes  # noqa: E402
 

@@ -98,18 +98,10 @@ def merged_params(phase: str, profile: str = "tiny", steps: int | None = None, s
 
 
 def _run_phase_flow(phase: str, params_path: str) -> Any:
-    if phase in ("midtrain", "sft"):
-        from flows.simulator import simulator_flow
+    if phase in TRAIN_PHASES:
+        from flows.train import train_flow
 
-        return simulator_flow(phases=[phase], params_path=params_path)
-    if phase == "sim_rl":
-        from flows.sim_rl import sim_rl_flow
-
-        return sim_rl_flow(params_path=params_path)
-    if phase.startswith("agent_") and phase != "agent_eval":
-        from flows.agent import FLOWS
-
-        return FLOWS[phase](params_path=params_path)
+        return train_flow(phases=[phase], params_path=params_path)[phase]
     from flows.eval import FLOWS as EVAL
 
     return EVAL[phase](params_path=params_path)

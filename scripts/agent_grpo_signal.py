@@ -188,7 +188,7 @@ def run(params_path: Path, cwd: Path, timeout: int = 1800, phase: str = "agent_g
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("MLFLOW_RUN_ID", None)
     try:
-        return subprocess.run([sys.executable, "-m", "flows.agent", "--phases", phase, "--params",
+        return subprocess.run([sys.executable, "-m", "flows.train", "--phases", phase, "--params",
                                str(params_path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         srv.shutdown()

@@ -9,7 +9,7 @@ pipeline: the ``sim_rl`` Prefect flow, the DeepSpeed job, FoldGRPO, PPO clip, ML
 
     python scripts/sim_rl_signal.py --out /tmp/sim_rl_signal [--steps 40] [--tracking-uri sqlite:///mlflow/mlflow.db]
 
-writes ``<out>/params.yaml`` and runs ``python -m flows.sim_rl --params <out>/params.yaml`` (``--no-run``
+writes ``<out>/params.yaml`` and runs ``python -m flows.train --phases sim_rl --params <out>/params.yaml`` (``--no-run``
 only builds). The test ``tests/test_sim_rl_flow.py`` uses :func:`build`.
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ def run(params_path: Path, cwd: Path, timeout: int = 1200) -> subprocess.Complet
     env = {**os.environ, "PREFECT_HOME": str(cwd / "prefect"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "flows.sim_rl", "--params", str(params_path)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "flows.train", "--phases", "sim_rl", "--params", str(params_path)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 import yaml
 
-from mimesis_lab.rl.agent_csd import CSD, history_before, teacher_logprobs, turn_alignment, turn_positions
+from mimesis_lab.jobs.agent_csd import CSD
+from mimesis_lab.rl.csd import history_before, teacher_logprobs, turn_alignment, turn_positions
 from mimesis_lab.rl.losses import csd_loss
-from mimesis_lab.rl.policy import TokenRow, pad_update_rows, token_logprobs
+from mimesis_lab.rl.policy import UpdateRow, pad_update_rows, token_logprobs
 from mimesis_lab.rollout.agent_rollout import AgentTurn, Trajectory
 from tests.conftest import ROOT
 
@@ -108,7 +109,7 @@ def test_csd_loss_term_matches_hand_built_teacher(tiny):
     st = csd.prepare(trajs, {"a", "b"}, {"a": [reason], "b": [reason]}, {"a": ["Near the beach."],
                      "b": ["Near the beach."]}, random.Random(0))
     assert st.counts["coach_ok"] >= 2 and st.counts["rows"] >= 2
-    rows = [TokenRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
+    rows = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
                      tuple([0.1] * len(t.response_positions())), "g0", t.traj_id) for t in trajs]
     b = pad_update_rows(rows, tok.pad_token_id)
     logp = token_logprobs(model, b["input_ids"], b["attention_mask"])
@@ -127,10 +128,8 @@ def test_csd_loss_term_matches_hand_built_teacher(tiny):
     want = csd_loss(logp, torch.nan_to_num(teacher), mask, beta=cfg.csd.beta)
     assert n == float(mask.sum()) == stats["tokens"]
     assert torch.allclose(value, want, atol=1e-5)
-    # the same through the student's KV cache (what ppo_update hands over): identical value
-    from mimesis_lab.rl.job import token_logprobs_and_cache
-
-    logp_c, kv = token_logprobs_and_cache(model, b["input_ids"], b["attention_mask"])
+    # the same through the student's KV cache (what csd_update hands over): identical value
+    logp_c, kv = token_logprobs(model, b["input_ids"], b["attention_mask"], keep_cache=True)
     value_c, n_c, _ = csd.loss(model, rows, {**b, "kv": kv}, logp_c)
     assert n_c == n and torch.allclose(value_c, want, atol=1e-5)
     student = logp.detach().requires_grad_(True)
@@ -221,7 +220,8 @@ def test_params_sibling_check():
 def test_teacher_from_the_student_prefix_cache_matches_full_rows(tiny):
     """Reusing the student's KV for the shared history gives the same teacher log-probs as scoring
     each full teacher row (different history lengths, two rows on one student row)."""
-    from mimesis_lab.rl.agent_csd import cache_layers, teacher_logprobs_from_prefix
+    from mimesis_lab.rl.csd import teacher_logprobs_from_prefix
+    from mimesis_lab.rl.policy import cache_layers
     from mimesis_lab.rl.csd import TeacherRow, gather_teacher_logp, teacher_index
 
     _, model = tiny

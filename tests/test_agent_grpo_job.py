@@ -84,7 +84,7 @@ def job(tmp_path_factory):
     (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_RUN_ID", None)
-    res = subprocess.run([sys.executable, "-m", "mimesis_lab.train.run", "--phase", "agent_grpo", "--params",
+    res = subprocess.run([sys.executable, "-m", "mimesis_lab.jobs.agent_grpo", "--phase", "agent_grpo", "--params",
                           str(tmp / "params.yaml")], cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     srv.shutdown()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -8,7 +8,7 @@ import torch
 from mimesis_lab.envs.base import TaskScore
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows
 from mimesis_lab.rl.sim_batch import AccountingError, build_update_rows, step_metrics
-from mimesis_lab.rl.sim_rl import sample_groups
+from mimesis_lab.jobs.sim_rl import sample_groups
 from mimesis_lab.rollout.sim_rollout import Rollout, Segment
 
 
@@ -40,21 +40,21 @@ def test_exclude_policy_hand_computed():
     # unique rollouts A=1, B=0: mean 0.5, sample std sqrt(0.5) -> A = +0.7071, B = -0.7071
     s = math.sqrt(0.5)
     assert [r.rollout_id for r in rows] == ["A", "A", "B"]
-    assert [r.adv for r in rows] == pytest.approx([0.5 / (s + 1e-6)] * 2 + [-0.5 / (s + 1e-6)])
+    assert [r.adv[0] for r in rows] == pytest.approx([0.5 / (s + 1e-6)] * 2 + [-0.5 / (s + 1e-6)])
     assert stats["rollouts_in_update"] == 2 and stats["segments_in_update"] == 3
 
 
 def test_segments_do_not_weigh_more():
     # A has 2 segments, B one: with per-segment statistics A would count twice (mean 2/3)
     rows, _ = build_update_rows(batch()[:2], "exclude")
-    assert rows[0].adv == pytest.approx(-rows[2].adv)
+    assert rows[0].adv[0] == pytest.approx(-rows[2].adv[0])
 
 
 def test_zero_policy_reproduces_reference():
     rows, stats = build_update_rows(batch(), "zero")
     # A=1, B=0, C=0, D=0 (D has no segment but is in the group): mean 0.25, std sqrt(0.25)=0.5
     assert stats["rollouts_in_update"] == 4
-    by = {r.rollout_id: r.adv for r in rows}
+    by = {r.rollout_id: r.adv[0] for r in rows}
     assert by["A"] == pytest.approx(0.75 / (0.5 + 1e-6))
     assert by["B"] == pytest.approx(-0.25 / (0.5 + 1e-6)) and by["C"] == pytest.approx(by["B"])
     assert "D" not in by
@@ -65,7 +65,7 @@ def test_format_failure_zeroes_update_reward_but_keeps_raw():
     b = roll("B", segs=[seg()], raw=0.0)
     assert a.raw == 1.0 and a.update_reward == 0.0
     rows, stats = build_update_rows([a, b])
-    assert all(r.adv == 0.0 for r in rows) and stats["groups_zero_variance"] == 1
+    assert all(set(r.adv) == {0.0} for r in rows) and stats["groups_zero_variance"] == 1
     m = step_metrics([a, b])
     assert m["reward/raw_mean"] == 0.5 and m["reward/update_mean"] == 0.0
     assert m["format_failure_rate"] == 0.5 and m["format_failure_turn_rate"] == pytest.approx(1 / 3)
@@ -73,7 +73,7 @@ def test_format_failure_zeroes_update_reward_but_keeps_raw():
 
 def test_single_rollout_group_gets_zero():
     rows, stats = build_update_rows([roll("A", group="solo", segs=[seg()], raw=0.9)])
-    assert rows[0].adv == 0.0 and stats["groups_single_rollout"] == 1
+    assert set(rows[0].adv) == {0.0} and stats["groups_single_rollout"] == 1
 
 
 def test_metrics_accounting_and_slices():
@@ -103,7 +103,9 @@ def test_pad_update_rows_shifted_grid():
     # prompt of 3 tokens: response tokens at positions 3, 4 are predicted at 2, 3
     assert b["mask"][0].tolist() == [0, 0, 1, 1]
     assert b["old_logp"][0].tolist() == [0, 0, -0.5, -0.5]
-    assert torch.allclose(b["adv"][:, 0], torch.tensor([r.adv for r in rows]))
+    # one advantage per segment, on its response tokens only (zero on the prompt)
+    assert b["adv"][0].tolist() == pytest.approx([0, 0, rows[0].adv[0], rows[0].adv[0]])
+    assert all(len(set(r.adv)) == 1 and len(r.adv) == r.n_response for r in rows)
 
 
 def test_minibatches_and_chunks():

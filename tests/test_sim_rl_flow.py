@@ -101,7 +101,7 @@ def test_prefect_summary_artifact(signal_run):
 def _job(params_path: Path, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_RUN_ID", None)
-    return subprocess.run([sys.executable, "-m", "mimesis_lab.train.run", "--phase", "sim_rl", "--params",
+    return subprocess.run([sys.executable, "-m", "mimesis_lab.jobs.sim_rl", "--phase", "sim_rl", "--params",
                            str(params_path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 

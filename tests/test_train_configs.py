@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mimesis_lab.config import load_params, parse_params
-from mimesis_lab.train.loop import TrainConfigError, load_ds_config
+from mimesis_lab.train.runtime import TrainConfigError, load_ds_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny" / "ds_zero2.json"
@@ -119,7 +119,7 @@ def test_hostfile_and_launch_recipe():
     pool = _parse_hostfile(lines)
     assert sum(pool.values()) == 32 and len(pool) == 4
     readme = (PAPER / "README.md").read_text()
-    assert "deepspeed --hostfile" in readme and "--module mimesis_lab.train.run" in readme
+    assert "deepspeed --hostfile" in readme and "--module mimesis_lab.jobs.sft" in readme
 
 
 def test_ds_config_rejects_an_optimizer_or_bad_json(tmp_path):

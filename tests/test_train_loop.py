@@ -27,7 +27,7 @@ import yaml
 from mimesis_lab.config import load_params
 from mimesis_lab.train.data import DataError, DataPlan, build_rows, eval_batches, read_conversations
 from mimesis_lab.train.launch import LaunchError, build_command, free_port, job_env, launch
-from mimesis_lab.train.loop import MARKER, ResumeError, list_checkpoints, resolve_resume, tag_for, validate_checkpoint
+from mimesis_lab.train.checkpoint import MARKER, ResumeError, list_checkpoints, resolve_resume, tag_for, validate_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = ["apples", "pears", "books", "shoes", "tickets", "chairs", "lamps", "cups"]
@@ -232,12 +232,12 @@ def test_resume_path_errors(tmp_path):
 
 def test_launch_command_lines():
     ds = build_command("sft", "p.yaml", 2, "deepspeed", 29555)
-    assert ds[-6:] == ["--module", "mimesis_lab.train.run", "--phase", "sft", "--params", "p.yaml"]
+    assert ds[-6:] == ["--module", "mimesis_lab.jobs.sft", "--phase", "sft", "--params", "p.yaml"]
     assert ds[ds.index("--num_gpus") + 1] == "2" and ds[ds.index("--num_nodes") + 1] == "1"
     assert ds[ds.index("--master_port") + 1] == "29555"
     tr = build_command("midtrain", "p.yaml", 2, "torchrun", 29556)
     assert tr[1:3] == ["-m", "torch.distributed.run"] and tr[tr.index("--nproc_per_node") + 1] == "2"
-    assert tr[tr.index("-m", 3) + 1] == "mimesis_lab.train.run"
+    assert tr[tr.index("-m", 3) + 1] == "mimesis_lab.jobs.sft"
     with pytest.raises(ValueError, match="unknown launcher"):
         build_command("sft", "p.yaml", 1, "mpirun", 1)
     env = job_env(2, {"FOO": "1"})

@@ -3,7 +3,7 @@
 :func:`run_agent_eval` evaluates every agent checkpoint of ``cfg.agents`` against every
 evaluation user of ``cfg.users`` (:mod:`mimesis_lab.evals.eval_users`) on the gyms ``cfg.gyms``.
 
-**Tasks.** Rows of ``cfg.data`` (UserRL rows, :func:`~mimesis_lab.rl.agent_grpo.load_gym_rows`)
+**Tasks.** Rows of ``cfg.data`` (UserRL rows, :func:`~mimesis_lab.rollout.agent_env.load_gym_rows`)
 whose gym is in ``cfg.gyms``; the first occurrence of a ``(gym, task_id)`` wins; per gym the
 first ``cfg.tasks_per_gym`` tasks in natural order of ``task_id`` (``travel-2`` < ``travel-10``).
 Each task is attempted ``cfg.pass_k`` times. The gym's own randomness (e.g. IntentionGym's drawn
@@ -104,7 +104,7 @@ def _natural(s: str) -> list[Any]:
 
 def select_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
     """Gym → its evaluated rows (see the module docstring), for every gym of ``cfg.gyms``."""
-    from mimesis_lab.rl.agent_grpo import load_gym_rows
+    from mimesis_lab.rollout.agent_env import load_gym_rows
 
     by_gym: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in cfg.gyms}
     for path in cfg.data:
@@ -288,7 +288,7 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
               tasks: dict[str, dict[str, Any]], agent_fp: str, user_ident: str) -> list[dict[str, Any]]:
     """Run ``items`` (one agent, one user) in one batched call; one record per item."""
     from mimesis_lab.envs.gyms.registry import gym_for_row
-    from mimesis_lab.rl.agent_grpo import PrivacyError, _privacy_leaks
+    from mimesis_lab.rollout.agent_env import PrivacyError, privacy_leaks
     from mimesis_lab.rollout.agent_rollout import run_agent_episodes
     from mimesis_lab.rollout.backends import SamplingParams
 
@@ -321,7 +321,7 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
                                        show_reward=cfg.rollout.show_reward,
                                        step_timeout_s=cfg.rollout.step_timeout_s, users=users)
             privileged = {t.traj_id: side.privileged(t.traj_id) for t in trajs}
-            leaks = _privacy_leaks(tok, trajs, privileged)
+            leaks = privacy_leaks(tok, trajs, privileged)
             if leaks:
                 raise PrivacyError(f"user {side.name}: simulator reasoning found in {leaks} agent input(s)")
             for it, t, u in zip(live, trajs, users):

@@ -3,7 +3,7 @@
 :func:`build_agent_rows` applies :func:`mimesis_lab.rl.advantages.multiturn_grpo` (R2G turn
 credit, group-normalised trajectory score, credits rescaled so their non-zero mean is ``A_i``)
 and lays each trajectory's token advantages onto its agent-generated positions
-(:class:`mimesis_lab.rl.policy.TokenRow`). Invalid trajectories (user side failed, env
+(:class:`mimesis_lab.rl.policy.UpdateRow`). Invalid trajectories (user side failed, env
 exception, timeout, drift…) leave the group statistics and the update with
 ``invalid_policy="exclude"``; ``"zero"`` reproduces the reference (reward 0, kept).
 """
@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from typing import Sequence
 
 from mimesis_lab.rl.advantages import multiturn_grpo
-from mimesis_lab.rl.policy import TokenRow
+from mimesis_lab.rl.policy import UpdateRow
 from mimesis_lab.rl.sim_batch import mean_present
 from mimesis_lab.rollout.agent_rollout import AGENT_INVALID_REASONS, Trajectory
 
@@ -22,7 +22,7 @@ __all__ = ["build_agent_rows", "agent_step_metrics"]
 
 def build_agent_rows(trajs: Sequence[Trajectory], gamma: float = 0.8, eps: float = 1e-6,
                      zero_credit: str = "uniform", invalid_policy: str = "exclude"
-                     ) -> tuple[list[TokenRow], dict[str, float]]:
+                     ) -> tuple[list[UpdateRow], dict[str, float]]:
     if invalid_policy not in ("exclude", "zero"):
         raise ValueError(f"invalid_policy must be 'exclude' or 'zero', got {invalid_policy!r}")
     use = []
@@ -42,7 +42,7 @@ def build_agent_rows(trajs: Sequence[Trajectory], gamma: float = 0.8, eps: float
         if not (len(pos) == len(lp) == len(a)):
             raise AssertionError(f"trajectory {t.traj_id}: {len(pos)} positions, {len(lp)} log-probs, {len(a)} adv")
         if pos:
-            rows.append(TokenRow(tuple(t.ids), tuple(pos), tuple(lp), tuple(a), t.group_id, t.traj_id))
+            rows.append(UpdateRow(tuple(t.ids), tuple(pos), tuple(lp), tuple(a), t.group_id, t.traj_id))
     members: dict[str, int] = Counter(t.group_id for t in use)
     stats = {"trajectories_in_update": float(len(use)), "rows_in_update": float(len(rows)),
              "tokens_in_update": float(sum(r.n_response for r in rows)),

@@ -12,6 +12,13 @@ Names follow the paper / reference code (code name ``sdpo``, notes = ``hint``):
   (the token's position on the teacher's shifted grid ``[R, W-1]``, shifted by the left padding)
   and ``sdpo_mask`` (the coached tokens); :func:`gather_teacher_logp` reads the teacher's
   log-probs through them.
+* **Alignment** (items 2–3) — :func:`turn_alignment` pairs each agent turn with ``z_t`` (the
+  reasoning of the user's reply before it) and ``x_{t+1}`` (the user's public reply to it);
+  :func:`history_before` and :func:`turn_positions` locate the turn in the public conversation and
+  in the trajectory's token stream.
+* **Teacher log-probs** (item 5) — :func:`teacher_logprobs` scores left-padded teacher rows;
+  :func:`teacher_logprobs_from_prefix` scores only each row's note + response on top of the
+  student forward's KV cache of the shared history (same result, less compute).
 * **Placebo correction** (item 7) — :class:`PlaceboPool`: valid notes of earlier episodes; once it
   holds ≥ 8, a note with a different string (and, unlike the reference, from a different episode)
   is drawn for an extra teacher row, and the gate uses ``delta = t[real note] - t[placebo note]``.
@@ -22,6 +29,7 @@ student tokens as the real rows: index them with a separate :func:`teacher_index
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -29,8 +37,11 @@ from typing import Any, Sequence
 
 import torch
 
+from mimesis_lab.rl.policy import token_logprobs
+
 __all__ = ["select_turns", "TeacherRow", "build_teacher_row", "pad_teacher_rows", "teacher_index",
-           "gather_teacher_logp", "PlaceboPool"]
+           "gather_teacher_logp", "PlaceboPool", "turn_alignment", "history_before", "turn_positions",
+           "teacher_logprobs", "teacher_logprobs_from_prefix"]
 
 
 def select_turns(has_reasoning: list[bool], k: int, require_reply: bool = False,
@@ -184,3 +195,103 @@ class PlaceboPool:
             return None
         pool = [n for n, e in self.items if n != note and e != str(episode)]
         return rng.choice(pool) if pool else None
+
+
+def turn_alignment(turns: Sequence[Any], reasoning: Sequence[str], replies: Sequence[str]) -> list[tuple[str, str]]:
+    """``(z_t, x_{t+1})`` per agent turn from the cumulative reply counts ``turn.user_replies``.
+
+    ``reasoning[k]`` / ``replies[k]`` are the private reasoning / public content of the user's
+    ``k``-th reply (the shim stores an explicit empty entry for a reply without reasoning, so both
+    lists stay aligned)."""
+    out, before = [], 0
+    for t in turns:
+        z = reasoning[before - 1] if 0 < before <= len(reasoning) else ""
+        x = replies[before] if t.user_replies > before and before < len(replies) else ""
+        out.append((z or "", x or ""))
+        before = t.user_replies
+    return out
+
+
+def history_before(messages: Sequence[dict], turn: int) -> list[dict]:
+    """The public messages before the ``turn``-th assistant message (0-based)."""
+    n = 0
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            if n == turn:
+                return [dict(x) for x in messages[:i]]
+            n += 1
+    raise ValueError(f"no assistant message number {turn} ({n} in the conversation)")
+
+
+def turn_positions(traj: Any) -> list[list[int]]:
+    """Positions in ``traj.ids`` of each turn's generated tokens."""
+    out, at = [], len(traj.prompt_ids)
+    for t in traj.turns:
+        out.append(list(range(at, at + len(t.token_ids))))
+        at += len(t.token_ids) + len(t.env_ids)
+    return out
+
+
+def teacher_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[R, W-1]`` next-token log-probs of LEFT-padded rows: positions restart at each row's first
+    real token, so a padded row scores exactly like the unpadded one."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    return token_logprobs(model, input_ids, attention_mask, position_ids=position_ids)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def teacher_logprobs_from_prefix(model, rows: Sequence[TeacherRow], student_ids: torch.Tensor,
+                                 student_kv: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int
+                                 ) -> tuple[torch.Tensor, list[TeacherRow]] | None:
+    """Teacher log-probs computing only each row's *suffix* (note + the same ids) on top of the
+    student's own KV cache for the shared history prefix.
+
+    A teacher row is the public history before the coached turn (which is also the student row's
+    prefix), the note and the response ids; the history's keys/values under the same weights are
+    already in the student forward's cache (a causal model's KV at position ``p`` depends only on
+    tokens ``<= p``), so they are sliced from it (left-padded to a common length) instead of being
+    recomputed. Returns ``(logp [R, S-1], suffix_rows)`` where ``suffix_rows`` are the rows cut to
+    their suffixes (positions shifted, right-padded: index them with ``left_pad = 0``), or ``None``
+    when some row shares no prefix with its student row (the caller then scores full rows).
+    """
+    from transformers import DynamicCache
+
+    device = student_ids.device
+    cut = []
+    for r in rows:
+        p = _common_prefix(r.input_ids, student_ids[r.student_row].tolist(), r.teacher_positions[0] - 1)
+        if p < 1:
+            return None
+        cut.append(p)
+    p_max = max(cut)
+    suffixes = [r.input_ids[p:] for r, p in zip(rows, cut)]
+    s_max = max(len(x) for x in suffixes)
+    n = len(rows)
+    ids = torch.full((n, s_max), int(pad_id), dtype=torch.long, device=device)
+    attn = torch.zeros((n, p_max + s_max), dtype=torch.long, device=device)
+    pos = torch.zeros((n, s_max), dtype=torch.long, device=device)
+    for i, (suf, p) in enumerate(zip(suffixes, cut)):
+        ids[i, :len(suf)] = torch.tensor(suf, dtype=torch.long, device=device)
+        attn[i, p_max - p:p_max] = 1
+        attn[i, p_max:p_max + len(suf)] = 1
+        pos[i] = p + torch.arange(s_max, device=device)
+    layers = []
+    for k, v in student_kv:
+        kk = k.new_zeros((n, k.shape[1], p_max, k.shape[3]))
+        vv = v.new_zeros((n, v.shape[1], p_max, v.shape[3]))
+        for i, (r, p) in enumerate(zip(rows, cut)):
+            kk[i, :, p_max - p:] = k[r.student_row, :, :p]
+            vv[i, :, p_max - p:] = v[r.student_row, :, :p]
+        layers.append((kk, vv))
+    logp = token_logprobs(model, ids, attn, position_ids=pos, cache=DynamicCache(layers))
+    suffix_rows = [dataclasses.replace(r, input_ids=tuple(suf), teacher_positions=tuple(q - p for q in
+                                                                                     r.teacher_positions))
+                   for r, suf, p in zip(rows, suffixes, cut)]
+    return logp, suffix_rows

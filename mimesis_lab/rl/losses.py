@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["ppo_clip_loss", "csd_loss"]
+__all__ = ["ppo_clip_loss", "csd_loss", "csd_gate"]
 
 
 def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
@@ -117,6 +117,32 @@ def csd_loss(
         beta: gate sharpness, finite and ``>= 0`` (``beta = 0`` → ``g = 1/2`` everywhere).
         placebo_logp: optional, same shape; ``nan`` where a token has no placebo row.
     """
+    dtype = _compute_dtype(student_logp)
+    sel = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=student_logp.device)
+    gate, _ = csd_gate(student_logp, teacher_logp, mask, beta, placebo_logp)
+    s = torch.where(sel, student_logp.to(dtype), zero)
+    t = torch.where(sel, teacher_logp.detach().to(dtype), zero)
+    per_token = torch.where(sel, gate * (t - s), zero)
+    return _token_mean(per_token, sel)
+
+
+def csd_gate(
+    student_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float = 5.0,
+    placebo_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSD gate and its argument, detached (SPEC §3.3 items 6–7)::
+
+        delta_k = sg(t_k) - sg(p_k)  where a placebo log-prob p_k exists, else sg(t_k) - sg(s_k)
+        g_k     = sigmoid(beta * delta_k)
+
+    Returns ``(g, delta)`` on the full grid; outside ``mask`` ``delta`` is 0 (and ``g`` = 1/2), so
+    read them through the mask. :func:`csd_loss` weights its tokens by ``g``; a recipe logs
+    ``g`` and ``delta`` from here, so the formula exists once.
+    """
     _check_same_shape("student_logp", student_logp, teacher_logp=teacher_logp, mask=mask,
                       placebo_logp=placebo_logp)
     beta = float(beta)
@@ -125,13 +151,11 @@ def csd_loss(
     dtype = _compute_dtype(student_logp)
     sel = mask != 0
     zero = torch.zeros((), dtype=dtype, device=student_logp.device)
-
-    s = torch.where(sel, student_logp.to(dtype), zero)
+    s = torch.where(sel, student_logp.detach().to(dtype), zero)
     t = torch.where(sel, teacher_logp.detach().to(dtype), zero)
-    baseline = s.detach()
+    baseline = s
     if placebo_logp is not None:
         p = placebo_logp.detach().to(dtype)
         baseline = torch.where(sel & ~torch.isnan(p), p, baseline)
-    gate = torch.sigmoid(beta * (t - baseline)).detach()
-    per_token = torch.where(sel, gate * (t - s), zero)
-    return _token_mean(per_token, sel)
+    delta = t - baseline
+    return torch.sigmoid(beta * delta).detach(), delta.detach()

@@ -18,41 +18,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from mimesis_lab.envs.base import INVALID_REASONS
 from mimesis_lab.rl.advantages import fold_grpo
+from mimesis_lab.rl.policy import UpdateRow, segment_row
 from mimesis_lab.rollout.sim_rollout import Rollout
 
 BEHAVIOR_TASK = "usersim_behavior"
 
-__all__ = ["UpdateRow", "build_update_rows", "step_metrics", "AccountingError", "mean_present"]
+__all__ = ["build_update_rows", "step_metrics", "AccountingError", "mean_present"]
 
 
 class AccountingError(AssertionError):
     """Rollouts went missing between generation and the update (a bug, never tolerated)."""
-
-
-@dataclass(frozen=True)
-class UpdateRow:
-    """One segment to train on: ``input_ids = prompt + response``; the response starts at ``start``.
-
-    ``old_logp[k]`` is the rollout policy's log-prob of ``input_ids[start + k]``; ``adv`` is the
-    segment's FoldGRPO advantage, the same on every generated token (response mask = 1 exactly on
-    ``input_ids[start:]``).
-    """
-
-    input_ids: tuple[int, ...]
-    start: int
-    old_logp: tuple[float, ...]
-    adv: float
-    group_id: str
-    rollout_id: str
-
-    @property
-    def n_response(self) -> int:
-        return len(self.input_ids) - self.start
 
 
 def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclude",
@@ -99,8 +78,7 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
         if len(seg.logprobs) != len(seg.token_ids):
             raise AccountingError(f"rollout {r.rollout_id}: {len(seg.token_ids)} tokens but "
                                   f"{len(seg.logprobs)} log-probs")
-        rows.append(UpdateRow(tuple(seg.prompt_ids) + tuple(seg.token_ids), len(seg.prompt_ids),
-                              tuple(seg.logprobs), float(a), r.group_id, r.rollout_id))
+        rows.append(segment_row(seg.prompt_ids, seg.token_ids, seg.logprobs, float(a), r.group_id, r.rollout_id))
     per_group: dict[str, set[float]] = defaultdict(set)
     members: dict[str, set[str]] = defaultdict(set)
     for s, g, rid in zip(scores, groups, rids):
@@ -113,7 +91,7 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
         "groups": float(len(per_group)),
         "groups_single_rollout": float(sum(len(m) == 1 for m in members.values())),
         "groups_zero_variance": float(sum(len(v) == 1 for v in per_group.values())),
-        "adv_abs_mean": (sum(abs(r.adv) for r in rows) / len(rows)) if rows else 0.0,
+        "adv_abs_mean": (sum(abs(r.adv[0]) for r in rows) / len(rows)) if rows else 0.0,   # one advantage per segment
     }
     return rows, stats
 

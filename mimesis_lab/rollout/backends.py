@@ -45,6 +45,7 @@ __all__ = [
     "OpenAIBackend",
     "VLLMBackend",
     "make_backend",
+    "colocated_backend",
 ]
 
 FinishReason = Literal["stop", "length", "error"]
@@ -669,3 +670,13 @@ def make_backend(kind: str, **kw) -> GenerationBackend:
     except KeyError:
         raise ValueError(f"unknown generation backend {kind!r}; choose one of {sorted(_BACKENDS)}") from None
     return cls(**kw)
+
+
+def colocated_backend(rollout_cfg: Any, init_from: str, module: Any, tokenizer: Any):
+    """The rollout engine of an RL job: the ``transformers`` backend reads the trained module's weights
+    in place (colocated); ``vllm`` starts an engine from ``init_from`` whose weights the job refreshes
+    before every step."""
+    if rollout_cfg.backend == "vllm":
+        return VLLMBackend(init_from, tokenizer=tokenizer, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization)
+    return TransformersBackend(module, tokenizer, batch_size=rollout_cfg.batch_size,
+                               prefix_cache_tokens=rollout_cfg.prefix_cache_tokens)

@@ -1,13 +1,16 @@
-"""DeepSpeed training of the simulator: user-side mid-training (``midtrain``) and ThoughtTrace
-SFT (``sft``) share one loop.
+"""The public training toolkit every recipe in :mod:`mimesis_lab.jobs` builds on (imports neither
+:mod:`mimesis_lab.rl` nor :mod:`mimesis_lab.jobs`).
 
+- :mod:`.runtime` — process group (gloo on CPU), rank-0 printing, ``all_reduce``/``gather``, the
+  DeepSpeed JSON, the engine with our own AdamW, the per-rank command-line entry point.
+- :mod:`.checkpoint` — checkpoint folders with a completeness marker, exact resume, the ONE run
+  fingerprint, the ``zero_to_fp32`` Hugging Face export.
+- :mod:`.metrics_log` — ``metrics.jsonl`` + MLflow per step; window means for summaries.
+- :mod:`.step_run` — the bookkeeping of a step-based (RL) job: resume, logs, checkpoint cadence, export.
+- :mod:`.data` — split parquet → mixture expansion → chat tokenisation → fit/pack → a deterministic,
+  world-size-independent data plan (which rows each rank sees at each step).
 - :mod:`.schedule` — warm-up + cosine lr, a pure function of the step.
-- :mod:`.data` — split parquet → mixture expansion → chat tokenisation → fit/pack → a
-  deterministic, world-size-independent data plan (which rows each rank sees at each step).
-- :mod:`.loop` — the DeepSpeed engine, global token-mean loss, validation, checkpoints with
-  exact resume, the Hugging Face export (see its docstring for what runs on CPU).
-- :mod:`.run` — the per-rank job entry point (``python -m mimesis_lab.train.run``).
-- :mod:`.launch` — builds and runs the ``deepspeed`` / ``torchrun`` command line.
+- :mod:`.launch` — builds and runs the ``deepspeed`` / ``torchrun`` command line of a phase.
 
-Nothing here imports deepspeed at module import time except :mod:`.loop`'s functions.
+What runs on CPU here (DeepSpeed, gloo, ZeRO stages, launchers): ``docs/cpu-notes.md``.
 """

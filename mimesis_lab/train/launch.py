@@ -10,11 +10,14 @@ carrying the last lines of the log.
 Commands (world size N, port P):
 
 - ``deepspeed --num_nodes 1 --num_gpus N --master_addr 127.0.0.1 --master_port P --module
-  mimesis_lab.train.run --phase PHASE --params PARAMS`` — on CPU ``--num_gpus`` means N local
+  JOB --phase PHASE --params PARAMS`` — on CPU ``--num_gpus`` means N local
   processes (the runner trims the localhost slots to ``range(N)``; ``LOCAL_SIZE=N`` is exported
   to the ranks).
 - ``torchrun --nnodes 1 --nproc_per_node N --master_addr 127.0.0.1 --master_port P -m
-  mimesis_lab.train.run --phase PHASE --params PARAMS``.
+  JOB --phase PHASE --params PARAMS``.
+
+``JOB`` is the phase's recipe module (:data:`mimesis_lab.code_deps.JOB_MODULES`):
+``mimesis_lab.jobs.sft`` for ``midtrain``/``sft``/``agent_sft``, ``mimesis_lab.jobs.<phase>`` otherwise.
 
 The job runs in its own session (process group): :func:`kill_job` (used on timeout and
 Ctrl-C) signals the launcher and all its ranks together. Multi-node runs use ``deepspeed
@@ -36,7 +39,7 @@ from typing import Mapping, Sequence
 __all__ = ["LaunchError", "free_port", "build_command", "job_env", "kill_job", "launch", "main"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-MODULE = "mimesis_lab.train.run"
+from mimesis_lab.code_deps import JOB_MODULES  # noqa: E402  (phase -> recipe module name)
 
 
 class LaunchError(subprocess.CalledProcessError):
@@ -71,7 +74,9 @@ def build_command(phase: str, params_path: str | os.PathLike, world_size: int, l
     """The launcher command line for one machine with ``world_size`` processes."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    job = [MODULE, "--phase", phase, "--params", str(params_path)]
+    if phase not in JOB_MODULES:
+        raise ValueError(f"unknown phase {phase!r} (expected one of {sorted(JOB_MODULES)})")
+    job = [JOB_MODULES[phase], "--phase", phase, "--params", str(params_path)]
     if launcher == "deepspeed":
         return [*_deepspeed_cli(), "--num_nodes", "1", "--num_gpus", str(world_size),
                 "--master_addr", "127.0.0.1", "--master_port", str(master_port), "--module", *job]
@@ -202,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m mimesis_lab.train.launch", description=main.__doc__)
-    ap.add_argument("--phase", required=True, choices=["midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd"])
+    ap.add_argument("--phase", required=True, choices=sorted(JOB_MODULES))
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="default: params.<phase>.world_size")
     ap.add_argument("--launcher", choices=["deepspeed", "torchrun"], default=None,

@@ -1,18 +1,20 @@
-"""Prefect flow ``simulator``: user-side mid-training, ThoughtTrace SFT, simulator RL (SPEC §2.1–2.3).
+"""Prefect flow ``train``: every training phase — user-side mid-training, ThoughtTrace SFT, simulator
+RL, the agent's SFT warm start, agent GRPO and its CSD sibling (SPEC §2.1–2.3, §3.2–3.3).
 
-Orchestration only: each phase is a task that launches the shared DeepSpeed job
-(``mimesis_lab.train.launch``) as a subprocess, attached to its own MLflow child run
-under one parent run per flow run, then records the result (metrics, the final
-Hugging Face folder as an artifact, a registered model version with the phase as
-alias) and publishes a markdown artifact with the MLflow link.
+Orchestration only: each phase is a task that launches the phase's recipe (``mimesis_lab.jobs.*``)
+as a DeepSpeed job (:mod:`mimesis_lab.train.launch`), attached to its own MLflow child run under one
+parent run per flow run, then records the result (metrics, the final Hugging Face folder as an
+artifact, a registered model version with the phase as alias: ``mimesis-simulator`` or
+``mimesis-agent``) and publishes a markdown artifact with the MLflow link. The parent run is named
+after the phase when the flow runs one (as every DVC stage does), else ``train``.
 
-Retries are enabled only for phases with ``resume: auto`` (a retry continues from the
-last checkpoint instead of starting over; the job only resumes a checkpoint whose
-fingerprint — phase settings, model section, DeepSpeed JSON, data files — matches, see
-:func:`mimesis_lab.train.loop.run_fingerprint`).
+Retries are enabled only for phases with ``resume: auto`` (a retry continues from the last
+checkpoint instead of starting over; the job only resumes a checkpoint whose fingerprint — phase
+settings, DeepSpeed JSON, input files, code — matches, see
+:func:`mimesis_lab.train.checkpoint.run_fingerprint`).
 
-Run: ``python -m flows.simulator [--phases midtrain sft] [--params params.yaml]``
-(the DVC stages ``midtrain`` and ``sft`` do exactly this).
+Run: ``python -m flows.train --phases midtrain sft [--params params.yaml]`` (each training DVC
+stage runs ``python -m flows.train --phases <stage>``).
 """
 from __future__ import annotations
 
@@ -35,7 +37,6 @@ from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, SimRLParams, TrainParams, flatten, load_params  # noqa: E402
 
 PHASES = ("midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd")
-DEFAULT_PHASES = ("midtrain", "sft")   # `sim_rl` has its own flow and DVC stage (flows.sim_rl)
 REGISTERED_MODEL = "mimesis-simulator"
 SUMMARY_KEYS = ("initial_val_loss", "final_val_loss", "steps", "first_reward_raw_mean", "last_reward_raw_mean",
                 "first_reward_update_mean", "last_reward_update_mean", "invalid_rollouts_total")
@@ -130,16 +131,13 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     return summary
 
 
-@flow(name="simulator", log_prints=True)
-def simulator_flow(phases: list[str] = list(DEFAULT_PHASES), params_path: str = "params.yaml",
-                   world_size: int | None = None, flow_name: str = "simulator") -> dict[str, Any]:
-    """Stage I training: ``midtrain`` -> ``sft`` -> ``sim_rl`` (any subset, in this order).
-
-    ``flow_name`` names the MLflow parent run and the summary artifact (``flows.sim_rl`` passes
-    ``sim_rl``)."""
+@flow(name="train", log_prints=True)
+def train_flow(phases: list[str], params_path: str = "params.yaml", world_size: int | None = None) -> dict[str, Any]:
+    """Train ``phases`` (any subset of :data:`PHASES`, run in that order); returns each phase's summary."""
     unknown = [p for p in phases if p not in PHASES]
-    if unknown:
-        raise ValueError(f"unknown phase(s) {unknown}; expected a subset of {PHASES}")
+    if unknown or not phases:
+        raise ValueError(f"unknown phase(s) {unknown or phases}; expected a non-empty subset of {PHASES}")
+    flow_name = phases[0] if len(phases) == 1 else "train"
     params = load_params(params_path)
     parent = None
     if params.tracking.enabled:
@@ -166,18 +164,17 @@ def simulator_flow(phases: list[str] = list(DEFAULT_PHASES), params_path: str = 
         body = "\n".join(f"- **{p}**: " + ", ".join(f"{k}={s.get(k)}" for k in SUMMARY_KEYS if k in s)
                          for p, s in results.items())
         create_markdown_artifact(markdown=f"# {flow_name} flow\n\nMLflow parent run: [{url}]({url})\n\n{body}\n",
-                                 key=f"{flow_name.replace('_', '-')}-flow-summary" if flow_name != "simulator"
-                                 else "simulator-summary", description="Stage I training summary")
+                                 key=f"{flow_name.replace('_', '-')}-flow-summary", description="training summary")
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="flows.simulator")
-    ap.add_argument("--phases", nargs="+", default=list(DEFAULT_PHASES), choices=PHASES)
+    ap = argparse.ArgumentParser(prog="flows.train")
+    ap.add_argument("--phases", nargs="+", required=True, choices=PHASES)
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="override the phases' world_size")
     args = ap.parse_args(argv)
-    simulator_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
+    train_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
     return 0
 
 

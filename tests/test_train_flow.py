@@ -1,4 +1,4 @@
-"""Integration: the Prefect flow `simulator` (midtrain -> sft) with the real Prefect, DeepSpeed
+"""Integration: the Prefect flow `train` (midtrain -> sft) with the real Prefect, DeepSpeed
 and MLflow on a tiny tmp project: nested MLflow runs, per-step metrics, registered model
 versions with the phase aliases, metrics files, Prefect markdown artifacts."""
 from __future__ import annotations
@@ -57,7 +57,7 @@ def flow_run(tmp_path_factory):
     (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    res = subprocess.run([sys.executable, "-m", "flows.simulator", "--params", str(tmp / "params.yaml")],
+    res = subprocess.run([sys.executable, "-m", "flows.train", "--phases", "midtrain", "sft", "--params", str(tmp / "params.yaml")],
                          cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return tmp, params, res.stdout + res.stderr
@@ -70,7 +70,7 @@ def test_nested_runs_step_metrics_and_registered_models(flow_run):
     c = mlflow.MlflowClient(tracking_uri=params["tracking"]["tracking_uri"])
     exp = c.get_experiment_by_name("flow-test")
     runs = c.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.info.run_name == "simulator"]
+    parents = [r for r in runs if r.info.run_name == "train"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
     assert set(children) == {"midtrain", "sft"}
@@ -119,4 +119,4 @@ def test_prefect_markdown_artifacts(flow_run):
     env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect")}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "['midtrain-summary', 'sft-summary', 'simulator-summary']" in res.stdout
+    assert "['midtrain-summary', 'sft-summary', 'train-flow-summary']" in res.stdout

@@ -1,0 +1,219 @@
+"""Which source files a module depends on: the one rule for code dependencies.
+
+A module depends on its own file and, transitively, on every project module it imports
+(module-level and function-level ``import`` statements alike, read from the AST; packages count
+with their ``__init__.py``). Two consumers use this rule, so they cannot disagree:
+
+- the resume fingerprint of a training job (:func:`code_identity` of the job module, see
+  :func:`mimesis_lab.train.checkpoint.run_fingerprint`);
+- ``dvc.yaml``: every stage's code deps are the files of the modules its command runs (for a
+  training flow, also the job module it launches), collapsed to a folder where the folder's
+  every source file is needed. ``python -m mimesis_lab.code_deps --check`` compares ``dvc.yaml``
+  with the rule (a test runs it); ``--write`` rewrites the code deps in place.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["ROOT", "PACKAGES", "module_files", "code_identity", "stage_modules", "stage_code_deps", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("mimesis_lab", "flows", "stages")
+
+#: The job module each training phase runs (``python -m <module> --phase <phase>``; see
+#: :mod:`mimesis_lab.train.launch`).
+JOB_MODULES = {"midtrain": "mimesis_lab.jobs.sft", "sft": "mimesis_lab.jobs.sft",
+               "agent_sft": "mimesis_lab.jobs.sft", "sim_rl": "mimesis_lab.jobs.sim_rl",
+               "agent_grpo": "mimesis_lab.jobs.agent_grpo", "agent_csd": "mimesis_lab.jobs.agent_csd"}
+
+
+def _file_of(module: str, root: Path) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Project modules named by the import statements of ``path`` (``module`` is its dotted name)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".")
+                base = parts if is_pkg else parts[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                head = ".".join(base + ([node.module] if node.module else []))
+            else:
+                head = node.module or ""
+            out.add(head)
+            out.update(f"{head}.{a.name}" for a in node.names)   # `from pkg import submodule`
+    return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+@lru_cache(maxsize=None)
+def _closure(module: str, root: Path) -> frozenset[Path]:
+    seen: set[str] = set()
+    files: set[Path] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        # a module's parent packages are imported (run) first
+        parts = m.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        f = _file_of(m, root)
+        if f is None:
+            continue
+        files.add(f)
+        todo.extend(_imports(f, m))
+    return frozenset(files)
+
+
+def module_files(module: str, root: Path = ROOT) -> list[Path]:
+    """The project source files ``module`` needs (itself, its packages, everything it imports), sorted."""
+    if _file_of(module, root) is None:
+        raise ModuleNotFoundError(f"{module}: no such project module under {root}")
+    return sorted(_closure(module, root))
+
+
+def code_identity(module: str, root: Path = ROOT) -> str:
+    """sha256 over the paths and contents of :func:`module_files` of ``module``."""
+    h = hashlib.sha256()
+    for f in module_files(module, root):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def stage_modules(cmd: str) -> list[str]:
+    """The modules a stage command runs: ``python -m M …`` → ``[M]``; a training flow
+    (``flows.train --phases P …``) also runs the job module of each phase."""
+    m = re.match(r"\s*python\s+-m\s+([\w.]+)(.*)", cmd)
+    if not m:
+        raise ValueError(f"stage command {cmd!r} is not `python -m <module> …`")
+    mods = [m.group(1)]
+    if m.group(1) == "flows.train":
+        args = m.group(2).split()
+        phases = args[args.index("--phases") + 1:] if "--phases" in args else []
+        phases = [p for p in phases if not p.startswith("-")]
+        mods += sorted({JOB_MODULES[p] for p in phases})
+    return mods
+
+
+def stage_code_deps(cmd: str, root: Path = ROOT) -> list[str]:
+    """The code deps of a stage: the files of :func:`stage_modules`, relative to ``root``, with a
+    folder listed instead of its files when every ``.py`` file under it is needed."""
+    files: set[Path] = set()
+    for mod in stage_modules(cmd):
+        files.update(module_files(mod, root))
+    out: list[str] = []
+    covered: set[Path] = set()
+
+    def full(folder: Path) -> bool:
+        return all(f in files for f in folder.rglob("*.py"))
+
+    for f in sorted(files):
+        if f in covered:
+            continue
+        # the highest package folder (below the top-level package) whose every file is needed
+        best = None
+        for parent in reversed(f.relative_to(root).parents[:-1]):
+            folder = root / parent
+            if len(parent.parts) >= 2 and full(folder):
+                best = folder
+                break
+        if best is not None:
+            covered.update(best.rglob("*.py"))
+            out.append(str(best.relative_to(root)))
+        else:
+            covered.add(f)
+            out.append(str(f.relative_to(root)))
+    return sorted(set(out))
+
+
+# ----------------------------------------------------------------------------- dvc.yaml
+def _is_code(dep: str) -> bool:
+    return dep.split("/")[0] in PACKAGES and not dep.startswith("${")
+
+
+def check(dvc_path: Path) -> list[str]:
+    """Stages whose code deps differ from the rule: ``["stage: missing [...], extra [...]"]``."""
+    import yaml
+
+    doc = yaml.safe_load(dvc_path.read_text(encoding="utf-8"))
+    problems = []
+    for name, st in doc["stages"].items():
+        have = {d for d in st.get("deps", []) if isinstance(d, str) and _is_code(d)}
+        want = set(stage_code_deps(st["cmd"], dvc_path.parent))
+        if have != want:
+            problems.append(f"{name}: missing {sorted(want - have)}, extra {sorted(have - want)}")
+    return problems
+
+
+def write(dvc_path: Path) -> None:
+    """Rewrite each stage's code deps in ``dvc.yaml`` (other lines, comments and order kept)."""
+    import yaml
+
+    doc = yaml.safe_load(dvc_path.read_text(encoding="utf-8"))
+    lines = dvc_path.read_text(encoding="utf-8").splitlines()
+    out: list[str] = []
+    stage = None
+    in_deps = False
+    for line in lines:
+        m = re.match(r"^  (\w+):\s*$", line)
+        if m and m.group(1) in doc["stages"]:
+            stage, in_deps = m.group(1), False
+        if stage and re.match(r"^    deps:\s*$", line):
+            in_deps = True
+            out.append(line)
+            continue
+        if in_deps:
+            dm = re.match(r"^      - (\S+)\s*$", line)
+            if dm:
+                if not _is_code(dm.group(1)):
+                    out.append(line)
+                continue
+            # end of the deps list: append this stage's code deps
+            out.extend(f"      - {d}" for d in stage_code_deps(doc["stages"][stage]["cmd"], dvc_path.parent))
+            in_deps = False
+        out.append(line)
+    dvc_path.write_text("\n".join(out) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mimesis_lab.code_deps", description=__doc__.splitlines()[0])
+    ap.add_argument("--dvc", default=str(ROOT / "dvc.yaml"))
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--check", action="store_true", help="exit 1 when dvc.yaml's code deps differ from the rule")
+    g.add_argument("--write", action="store_true", help="rewrite dvc.yaml's code deps from the rule")
+    g.add_argument("--module", help="print the files a module depends on")
+    args = ap.parse_args(argv)
+    if args.module:
+        print("\n".join(str(f.relative_to(ROOT)) for f in module_files(args.module)))
+        return 0
+    if args.write:
+        write(Path(args.dvc))
+        return 0
+    problems = check(Path(args.dvc))
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""SFT-style training — user-side mid-training, ThoughtTrace SFT, the agent's warm start (SPEC §2.1–2.2, §3.2).
+
+Launch (one process per rank; the training flow does this for ``dvc repro``)::
+
+    deepspeed --num_gpus 1 --module mimesis_lab.jobs.sft --phase midtrain --params params.yaml
+    torchrun --nproc_per_node 2 -m mimesis_lab.jobs.sft --phase sft --params params.yaml
+    python -m mimesis_lab.jobs.sft --phase agent_sft            # world size 1, no launcher
+
+Three phases share this recipe and differ only in data and settings (``params.yaml``): ``midtrain``
+(role-swapped chats; the human turns sit in the trained assistant slot), ``sft`` (ThoughtTrace:
+``<think>reasons</think>utterance`` targets) and ``agent_sft`` (rewarded oracle traces in the gyms).
+
+The recipe, top to bottom: tokenise the splits (:mod:`mimesis_lab.train.data`), build or load the
+model, ``deepspeed.initialize`` with the phase's JSON and our own ``torch.optim.AdamW`` (the JSON
+names no optimizer or scheduler; the lr of every step comes from :func:`~mimesis_lab.train.schedule.lr_at`),
+resume or start fresh, then the loop. Loss = global token mean: for one optimizer step with ``N``
+scored tokens over all ranks and micro-steps, micro-step loss = ``ce_sum_micro * world / N`` and
+``engine.backward(..., scale_wrt_gas=False)``: DeepSpeed averages gradients over ranks (÷ world)
+and we turn off its ÷ gradient_accumulation_steps, so the gradient is that of
+``sum(ce over all scored tokens) / N`` whatever the world size and accumulation split. ``N`` is known
+on every rank from the data plan (no communication). Exact resume: the data order is a pure function
+of ``(seed, step)`` (:class:`~mimesis_lab.train.data.DataPlan`), the lr a pure function of the step, and
+torch's RNG is reseeded from ``(seed, step, rank)`` at every step; a killed and rerun job ends with
+weights equal to an uninterrupted one (tested bit-exact). Checkpoints, the fingerprint and the export:
+:mod:`mimesis_lab.train.checkpoint`; what runs on CPU: ``docs/cpu-notes.md``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mimesis_lab.packing import collate, masked_token_ce_sum
+from mimesis_lab.progress import Progress
+from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, clear_outputs, drop_checkpoints_after,
+                                          export_final, load_resume_checkpoint, relative_path, resume_point,
+                                          run_fingerprint, save_checkpoint, tag_for)
+from mimesis_lab.train.data import DataPlan, eval_batches, load_rows, target_count
+from mimesis_lab.train.metrics_log import MetricsLog
+from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, job_main, load_ds_config,
+                                       make_engine, say, set_lr)
+from mimesis_lab.train.schedule import lr_at
+
+__all__ = ["PHASES", "train_sft", "main"]
+
+PHASES = ("midtrain", "sft", "agent_sft")
+LONG_ROWS = 8192              # above this max_len, packed attention via position_ids (no O(L^2) mask)
+
+
+def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of token cross-entropies over the target tokens, their count)`` of a micro-batch."""
+    batch = collate(rows, max_len, pad_id, mask=mask_mode, dtype=dtype)
+    labels = batch.pop("labels").to(engine.device)
+    batch = {k: v.to(engine.device) for k, v in batch.items()}
+    out = engine(**batch, use_cache=False)
+    return masked_token_ce_sum(out.logits, labels)
+
+
+def evaluate(engine, rows, micro: int, world: int, rank: int, max_len: int, pad_id: int, mask_mode: str,
+             dtype) -> float:
+    """Validation loss: token mean over every target token of ``rows`` (all ranks)."""
+    engine.eval()
+    total, count = 0.0, 0.0
+    with torch.no_grad():
+        for idx in eval_batches(len(rows), micro, world, rank):
+            s, c = forward_ce(engine, [rows[i] for i in (idx or [0])], max_len, pad_id, mask_mode, dtype)
+            if idx:
+                total, count = total + float(s), count + float(c)
+    engine.train()
+    total, count = all_reduce([total, count])
+    return total / max(count, 1.0)
+
+
+def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
+    """Train ``params.<phase>`` on this rank; rank 0 returns the training summary."""
+    import torch.distributed as dist
+
+    from mimesis_lab.models import build_or_load, load_model
+    from mimesis_lab.tokenizer import load_tokenizer
+
+    cfg = getattr(params, phase)
+    rank, world = dist_init()
+    if world != cfg.world_size:
+        raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
+    out_dir = Path(cfg.output_dir)
+    ckpt_root = out_dir / CHECKPOINTS
+    ds_config = load_ds_config(cfg.deepspeed_config)
+    from_scratch = cfg.init_from == "model"
+    fingerprint = run_fingerprint(
+        phase, cfg, ds_config, {"train": cfg.train, "val": cfg.val, "init_from": None if from_scratch else cfg.init_from},
+        job_module=__name__ if __name__ != "__main__" else "mimesis_lab.jobs.sft",
+        extra={"model": params.model.model_dump() if from_scratch else None})
+    resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))   # fails fast
+    if rank == 0:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    # -- data and model ----------------------------------------------------------------------------
+    tokenizer = load_tokenizer(cfg.init_from if not from_scratch else
+                               params.tokenizer.pretrained or params.tokenizer.output_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    train_rows, train_stats = load_rows(cfg.train, tokenizer, cfg, train=True)
+    val_rows, val_stats = load_rows(cfg.val, tokenizer, cfg, train=False)
+
+    torch.manual_seed(cfg.seed)
+    model = build_or_load(params.model, tokenizer) if from_scratch else load_model(cfg.init_from)
+    engine, optimizer = make_engine(model, cfg, ds_config)
+    zero_stage = engine.zero_optimization_stage()
+    dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else torch.float32
+    mask_mode = "4d" if cfg.max_len <= LONG_ROWS else "position_ids"
+    micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    plan = DataPlan(len(train_rows), micro, gas, world, cfg.seed)
+    total = plan.total_steps(cfg.epochs, cfg.max_steps)
+    row_len = [len(r) for r in train_rows]
+    row_tgt = [target_count(r) for r in train_rows]
+
+    log = MetricsLog(out_dir, rank == 0)
+    ok = False
+    try:
+        # -- resume or start fresh -----------------------------------------------------------------
+        state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "target_tokens_seen": 0,
+                                 "initial_val_loss": None, "last_val_loss": None, "last_val_step": None}
+        if resume is not None:
+            root, tag = resume
+            client = load_resume_checkpoint(engine, root, tag)
+            if client.get("global_batch") != plan.global_batch:
+                raise ResumeError(f"{root / tag}: written with global batch {client.get('global_batch')} rows/step, "
+                                  f"this run has {plan.global_batch}; the data position would not carry over")
+            state.update({k: client[k] for k in state if k in client})
+            if state["step"] > total:
+                raise ResumeError(f"{root / tag}: checkpoint is at step {state['step']}, past this run's last step "
+                                  f"{total} (epochs/max_steps were lowered); use resume: never to start over")
+            if client.get("total_steps") not in (None, total):
+                say(rank, f"note: the checkpoint's run had {client['total_steps']} steps, this one has {total}: "
+                          "the lr schedule of the remaining steps follows the new total")
+            if rank == 0:
+                drop_checkpoints_after(ckpt_root, state["step"])
+                log.truncate_after(state["step"])
+            say(rank, f"resumed from {root / tag} at step {state['step']} (epoch {plan.epoch_at(state['step']):.3f})")
+        elif rank == 0:
+            # a fresh start owns the output folder: leftovers of an earlier run (checkpoints that
+            # were not resumed, their metrics, an old export) would mix with this run's
+            stale = clear_outputs(out_dir, ckpt_root, ("metrics.jsonl",))
+            if stale:
+                say(rank, f"fresh start (resume: {cfg.resume}): removed {stale} old checkpoint folder(s)")
+        log.write({"kind": "start", "step": state["step"], "phase": phase, "world_size": world,
+                   "zero_stage": zero_stage, "micro_batch": micro, "grad_accum": gas,
+                   "global_batch": plan.global_batch, "total_steps": total, "train_rows": len(train_rows),
+                   "val_rows": len(val_rows), "resumed": resume is not None})
+        say(rank, f"{phase}: {len(train_rows)} train rows ({train_stats['packing_efficiency']:.3f} packed), "
+                  f"{len(val_rows)} val rows, global batch {plan.global_batch} = {micro}x{gas}x{world}, "
+                  f"steps {state['step']}->{total}, ZeRO-{zero_stage}, {dtype}")
+
+        def evaluate_now(step: int) -> None:
+            val = evaluate(engine, val_rows, micro, world, rank, cfg.max_len, pad_id, mask_mode, dtype)
+            if state["initial_val_loss"] is None:
+                state["initial_val_loss"] = val
+            state["last_val_loss"], state["last_val_step"] = val, step
+            log.write({"kind": "eval", "step": step, "val_loss": val}, {"val_loss": val})
+            say(rank, f"step {step}: val_loss {val:.4f}")
+
+        def save_now(step: int) -> None:
+            client = dict(state, phase=phase, fingerprint=fingerprint, epoch=plan.epoch_at(step),
+                          samples_seen=step * plan.global_batch, global_batch=plan.global_batch, world_size=world,
+                          total_steps=total, rng_torch=torch.get_rng_state())
+            save_checkpoint(engine, ckpt_root, step, client, log, cfg.keep_last, rank, world)
+
+        # -- the loop ------------------------------------------------------------------------------
+        if state["step"] == 0 and state["last_val_step"] is None:
+            evaluate_now(0)
+        engine.train()
+        step = state["step"]
+        prog = Progress(total, phase, unit="step", initial=step, mode="off")   # rate + ETA for the step lines
+        while step < total:
+            torch.manual_seed((cfg.seed + 1) * 1_000_003 + step * 131 + rank)
+            lr = set_lr(optimizer, lr_at(step, total, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio))
+            rows_step = plan.step_rows(step)
+            n_tgt = sum(row_tgt[i] for i in rows_step)
+            n_tok = sum(row_len[i] for i in rows_step)
+            t0 = time.perf_counter()
+            local = 0.0
+            gn = None
+            for k, idx in enumerate(plan.micro_batches(step, rank)):
+                s, _ = forward_ce(engine, [train_rows[i] for i in idx], cfg.max_len, pad_id, mask_mode, dtype)
+                engine.backward(s * (world / n_tgt), scale_wrt_gas=False)
+                if zero_stage == 0 and k == gas - 1:      # DeepSpeed records no norm without ZeRO
+                    gn = float(torch.nn.utils.get_total_norm([p.grad for p in engine.module.parameters()
+                                                              if p.grad is not None]))
+                engine.step()
+                local += float(s.detach())
+            loss = all_reduce([local])[0] / n_tgt
+            dt = time.perf_counter() - t0
+            step += 1
+            prog.update(1)
+            state["step"] = step
+            state["tokens_seen"] += n_tok
+            state["target_tokens_seen"] += n_tgt
+            if zero_stage > 0:
+                gn = engine.get_global_grad_norm()
+                gn = float(gn) if gn is not None else None
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"step {step}: loss is {loss}")
+            if step % cfg.log_every == 0 or step == total:
+                rec = {"kind": "train", "step": step, "epoch": plan.epoch_at(step), "loss": loss, "lr": lr,
+                       "grad_norm": gn, "tokens": n_tok, "target_tokens": n_tgt, "tokens_per_s": n_tok / dt,
+                       "step_time_s": dt}
+                log.write(rec, {"train_loss": loss, "lr": lr, "grad_norm": gn, "tokens_per_s": n_tok / dt,
+                                "step_time_s": dt, "epoch": rec["epoch"]})
+                say(rank, prog.line({"loss": round(loss, 4), "lr": lr, "gn": gn if gn is None else round(gn, 3),
+                                     "tok/s": round(n_tok / dt), "step_s": round(dt, 3)}))
+            if step % cfg.eval_every == 0 or step == total:
+                evaluate_now(step)
+            if step % cfg.save_every == 0 or step == total:
+                save_now(step)
+        if state["last_val_step"] != total:
+            evaluate_now(total)
+        if not (ckpt_root / tag_for(total) / MARKER).is_file():
+            save_now(total)
+
+        # -- export --------------------------------------------------------------------------------
+        summary = None
+        if rank == 0:
+            final = out_dir / "final"
+            export_final(engine, tokenizer, ckpt_root, tag_for(total), final)
+            summary = {
+                "phase": phase, "steps": total, "world_size": world, "zero_stage": zero_stage,
+                "global_batch": plan.global_batch, "micro_batch": micro, "grad_accum": gas,
+                "epochs": plan.epoch_at(total), "tokens": state["tokens_seen"],
+                "target_tokens": state["target_tokens_seen"],
+                "initial_val_loss": state["initial_val_loss"], "final_val_loss": state["last_val_loss"],
+                "packing_efficiency": train_stats["packing_efficiency"], "train_rows": len(train_rows),
+                "examples_in": train_stats["examples_in"], "examples_out": train_stats["examples_out"],
+                "examples_truncated": train_stats["truncated"],
+                "examples_dropped": train_stats["dropped_overlong"] + train_stats["dropped_no_target"],
+                "examples_dropped_overlong": train_stats["dropped_overlong"],
+                "examples_dropped_no_target": train_stats["dropped_no_target"],
+                "tokenize_errors": train_stats["tokenize_errors"], "val": val_stats,
+                "checkpoint": relative_path(ckpt_root / tag_for(total)),
+            }
+            write_summary(final, summary)
+            log.final(total, final, summary, time.time() - t_start)
+            if log.mlflow is not None:
+                log.mlflow.log_metrics({"final_val_loss": summary["final_val_loss"], "tokens": summary["tokens"]},
+                                       step=total)
+            say(rank, f"exported {final}")
+        dist.barrier()
+        ok = True
+        return summary
+    finally:
+        log.close(ok)
+
+
+def write_summary(final: Path, summary: dict[str, Any]) -> None:
+    """``final/training_summary.json``: deterministic given the same inputs (no wall time, no absolute
+    path), so the exported folder's DVC hash changes only when the run does."""
+    import json
+
+    (final / "training_summary.json").write_text(json.dumps(summary, indent=2, default=str),
+                                                 encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return job_main(train_sft, PHASES, prog="python -m mimesis_lab.jobs.sft",
+                    description="SFT-style training (midtrain, sft, agent_sft)", argv=argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

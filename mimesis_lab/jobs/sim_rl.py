@@ -1,0 +1,164 @@
+"""Simulator RL — joint multi-domain FoldGRPO with the behaviour reward (SPEC §2.3–2.4, §6).
+
+Launch (one process per rank; the training flow does this for ``dvc repro``)::
+
+    deepspeed --num_gpus 1 --module mimesis_lab.jobs.sim_rl --params params.yaml
+    python -m mimesis_lab.jobs.sim_rl                               # world size 1, no launcher
+
+One step, top to bottom in :func:`train_sim_rl`:
+
+1. **Sample** ``prompts_per_step`` task rows jointly: task ``d ~ p(d)`` (the ``weight`` of
+   ``sim_rl.tasks``), then a row of ``d`` uniformly (:func:`sample_groups`; a pure function of
+   ``(seed, step)``, so a resumed run samples the same tasks). Rank ``k`` takes groups ``k, k+W, …``
+   (data parallel over whole groups: FoldGRPO needs a whole group).
+2. **Roll out** ``rollouts_per_prompt`` episodes per row with the *current* policy (colocated: the
+   transformers backend reads the DeepSpeed module's weights in place; a vLLM engine is refreshed
+   with them before the step), one batched generation call per round over every unfinished episode.
+3. **Judge** and account: invalid rollouts are counted per reason; format failures give update
+   reward 0 while the raw score is logged.
+4. **FoldGRPO** advantages per segment (:func:`~mimesis_lab.rl.sim_batch.build_update_rows`) and the
+   **PPO-clip** update (:func:`~mimesis_lab.rl.ppo.ppo_update`). ``old_logp`` = the rollout's
+   log-probs. No KL term (as the paper).
+5. **Log** per-step metrics to ``metrics.jsonl`` and MLflow, every episode to ``rollouts.jsonl``.
+"""
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from mimesis_lab.rl.policy import policy_state_dict
+from mimesis_lab.rl.ppo import load_rl_ds_config, policy_engine, ppo_update
+from mimesis_lab.rl.sim_batch import AccountingError, build_update_rows, step_metrics
+from mimesis_lab.train.checkpoint import CHECKPOINTS, resume_point, run_fingerprint
+from mimesis_lab.train.metrics_log import window_means
+from mimesis_lab.train.runtime import TrainConfigError, dist_init, gather, job_main, say, set_lr
+from mimesis_lab.train.schedule import lr_at
+from mimesis_lab.train.step_run import StepRun
+
+__all__ = ["sample_groups", "train_sim_rl", "main"]
+
+SUMMARY_KEYS = ("reward/raw_mean", "reward/update_mean", "format_failure_rate", "invalid_rate", "judge/exhibit",
+                "announced_rate", "neutral_cooperativeness")
+SHOW = ("reward/raw_mean", "reward/update_mean", "format_failure_rate", "invalid_total", "update/ppo_loss")
+
+
+def sample_groups(task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[str, float], n: int,
+                  rng: random.Random) -> list[dict[str, Any]]:
+    """``n`` rows drawn jointly: ``d ~ p(d) = w_d / sum(w)`` over tasks with rows, then a row of ``d`` uniformly."""
+    names = [d for d in sorted(weights) if weights[d] > 0 and task_rows.get(d)]
+    if not names:
+        raise TrainConfigError("sim_rl: no task with a positive weight has any rows")
+    w = [float(weights[d]) for d in names]
+    out = []
+    for _ in range(n):
+        d = rng.choices(names, weights=w, k=1)[0]
+        out.append(task_rows[d][rng.randrange(len(task_rows[d]))])
+    return out
+
+
+def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
+    """Train ``params.sim_rl`` on this rank; rank 0 returns the summary (also ``final/training_summary.json``)."""
+    import mimesis_lab.envs.behavior_task  # noqa: F401  (registers usersim_behavior)
+    import mimesis_lab.envs.usersim_tasks  # noqa: F401  (registers the ThoughtTrace tasks)
+    from mimesis_lab.abcd import load_guidelines, load_kb
+    from mimesis_lab.envs.base import TaskContext, make_episode
+    from mimesis_lab.envs.registry import load_task_rows
+    from mimesis_lab.judges.behavior_judge import make_judge
+    from mimesis_lab.rollout.backends import SamplingParams, colocated_backend
+    from mimesis_lab.rollout.sim_rollout import run_episodes, score_rollouts
+
+    cfg = params.sim_rl
+    rank, world = dist_init()
+    if world != cfg.world_size:
+        raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
+    ds_config = load_rl_ds_config(phase, cfg)
+    inputs = {"init_from": cfg.init_from, "kb": cfg.kb, "guidelines": cfg.guidelines,
+              **{f"task:{name}": t.data for name, t in cfg.tasks.items()}}
+    fingerprint = run_fingerprint(phase, cfg, ds_config, inputs, job_module="mimesis_lab.jobs.sim_rl")
+    ckpt_root = Path(cfg.output_dir) / CHECKPOINTS
+    resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))
+    if rank == 0:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+    tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # -- tasks, judge, rollout engine ----------------------------------------------------------------
+    task_rows: dict[str, list[dict[str, Any]]] = {}
+    skipped: dict[str, int] = {}
+    for ds, t in cfg.tasks.items():
+        task_rows[ds], skipped[ds] = load_task_rows(ds, t.data, t.max_rows)
+    ctx = TaskContext(kb=load_kb(Path(cfg.kb)), guidelines=load_guidelines(Path(cfg.guidelines)),
+                      options={ds: {k: v for k, v in t.model_dump().items() if v is not None}
+                               for ds, t in cfg.tasks.items()})
+    judge = make_judge(cfg.judge.kind, cfg.judge.openai)
+    weights = {ds: t.weight for ds, t in cfg.tasks.items()}
+    backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)
+    info = {"judge": cfg.judge.kind, "invalid_policy": cfg.invalid_policy,
+            "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped}
+
+    run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW)
+    ok = False
+    try:
+        step = run.start(resume, info)
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            lr = set_lr(optimizer, lr_at(step, cfg.steps, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio))
+            # 1. sample the step's groups; this rank's share
+            groups = sample_groups(task_rows, weights, cfg.prompts_per_step, random.Random(f"{cfg.seed}:{step}"))
+            episodes, ids = [], []
+            for gi in range(rank, len(groups), world):
+                gid = f"s{step}g{gi}"
+                for k in range(cfg.rollouts_per_prompt):
+                    episodes.append(make_episode(groups[gi], ctx, random.Random(f"{cfg.seed}:{gid}:{k}")))
+                    ids.append((gid, f"{gid}r{k}"))
+            # 2. roll out with the current policy
+            if cfg.rollout.backend == "vllm":
+                backend.update_weights(policy_state_dict(engine))
+            sampling = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                                      top_p=cfg.rollout.top_p, seed=(cfg.seed * 1_000_003 + step * 9973 + rank))
+            rollouts = run_episodes(episodes, ids, backend, tokenizer, sampling, require_think=cfg.require_think,
+                                    max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+            t_roll = time.perf_counter() - t0
+            # 3. judge; 4. FoldGRPO rows and the PPO-clip update
+            score_rollouts(rollouts, episodes, judge)
+            rows, bstats = build_update_rows(rollouts, cfg.invalid_policy, cfg.adv_eps)
+            upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
+            # 5. metrics (rank 0 sees every rank's rollouts)
+            all_rollouts = [r for part in gather(rollouts) for r in part]
+            bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats if k != "adv_abs_mean"}
+            metrics, records = None, []
+            if rank == 0:
+                metrics = step_metrics(all_rollouts)
+                if metrics["rollouts"] != cfg.prompts_per_step * cfg.rollouts_per_prompt:
+                    raise AccountingError(f"step {step + 1}: {metrics['rollouts']} rollouts, expected "
+                                          f"{cfg.prompts_per_step * cfg.rollouts_per_prompt}")
+                metrics.update({f"batch/{k}": v for k, v in bsum.items()})
+                metrics.update(upd)
+                metrics.update({"lr": lr, "rollout_time_s": t_roll,
+                                "episodes_per_s": len(all_rollouts) / max(t_roll, 1e-9)})
+                records = [r.to_json() for r in all_rollouts]
+            step += 1
+            run.end_step(step, metrics, records, t0)
+        history = run.history
+        summary = run.finish({**window_means(history, SUMMARY_KEYS),
+                              "invalid_rollouts_total": sum(r.get("invalid_total", 0.0) for r in history),
+                              "rollouts_total": sum(r.get("rollouts", 0.0) for r in history)})
+        ok = True
+        return summary
+    finally:
+        run.close(ok)
+        judge_close = getattr(judge, "close", None)
+        if judge_close is not None:
+            judge_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return job_main(train_sim_rl, ("sim_rl",), prog="python -m mimesis_lab.jobs.sim_rl",
+                    description="Simulator RL (FoldGRPO)", argv=argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The PPO-clip update over one rollout batch (SPEC §3.2), shared by the simulator and agent GRPO
+recipes. The CSD recipe (``mimesis_lab.jobs.agent_csd``) writes its own copy with the distillation
+term added, so that its loss is visible in one place.
+
+Loss = the token mean of :func:`mimesis_lab.rl.losses.ppo_clip_loss` over the minibatch's trained
+tokens on *all* ranks: each micro-chunk's loss is weighted ``n_chunk / N * world`` and DeepSpeed
+averages gradients over ranks (÷ world), so the gradient is that of the global token mean whatever
+the world size or chunking. The recipe owns the accumulation boundary (``engine.step()`` once per
+minibatch; the DeepSpeed JSON sets ``managed_gradient_accumulation: false``). A rank with fewer
+chunks runs zero-weight passes so the collectives stay in step.
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Sequence
+
+import torch
+
+from mimesis_lab.rl.losses import ppo_clip_loss
+from mimesis_lab.rl.policy import UpdateRow, micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
+from mimesis_lab.train.runtime import TrainConfigError, all_reduce, load_ds_config, make_engine
+
+__all__ = ["load_rl_ds_config", "policy_engine", "ppo_update", "PPOStats", "zero_weight_pass"]
+
+
+class PPOStats:
+    """Running sums of the update statistics of one step (this rank), reduced over ranks by :meth:`result`."""
+
+    KEYS = ("loss_sum", "tokens", "clipped", "kl_sum", "mismatch_sum", "mismatch_tokens")
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self.KEYS, 0.0)
+        self.opt_steps = 0.0
+        self.grad_norm_sum = 0.0
+        self.grad_norms = 0.0
+
+    def add(self, loss: torch.Tensor, logp: torch.Tensor, batch: dict[str, torch.Tensor], clip_eps: float,
+            first_pass: bool) -> None:
+        with torch.no_grad():
+            n_here = float(batch["mask"].sum())
+            sel = batch["mask"] != 0
+            log_ratio = (logp.detach() - batch["old_logp"])[sel]
+            ratio = log_ratio.exp()
+            self.sums["loss_sum"] += float(loss.detach()) * n_here
+            self.sums["tokens"] += n_here
+            self.sums["clipped"] += float(((ratio - 1).abs() > clip_eps).sum())
+            self.sums["kl_sum"] += float(((ratio - 1) - log_ratio).sum())
+            if first_pass:
+                self.sums["mismatch_sum"] += float(log_ratio.abs().sum())
+                self.sums["mismatch_tokens"] += n_here
+
+    def optimizer_step(self, engine) -> None:
+        engine.step()
+        self.opt_steps += 1
+        gn = engine.get_global_grad_norm() if engine.zero_optimization_stage() > 0 else None
+        if gn is not None and math.isfinite(float(gn)):
+            self.grad_norm_sum += float(gn)
+            self.grad_norms += 1
+
+    def result(self) -> dict[str, float]:
+        loss_sum, tokens, clipped, kl_sum, mm_sum, mm_tok = all_reduce([self.sums[k] for k in self.KEYS])
+        out = {"update/opt_steps": self.opt_steps, "update/tokens": tokens}
+        if tokens:
+            out.update({"update/ppo_loss": loss_sum / tokens, "update/clip_frac": clipped / tokens,
+                        "update/approx_kl": kl_sum / tokens})
+        if mm_tok:
+            out["update/logp_mismatch"] = mm_sum / mm_tok   # rollout vs trainer log-probs before the first step
+        if self.grad_norms:
+            out["update/grad_norm"] = self.grad_norm_sum / self.grad_norms
+        return out
+
+
+def zero_weight_pass(engine) -> torch.Tensor:
+    """A 1x2 dummy forward whose loss is 0: a rank with fewer chunks still takes part in the collectives."""
+    dummy = torch.zeros((1, 2), dtype=torch.long, device=engine.device)
+    return token_logprobs(engine, dummy, torch.ones_like(dummy))
+
+
+def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, pad_id: int, world: int
+               ) -> dict[str, float]:
+    """``cfg.ppo_epochs`` passes over this rank's rows, ``cfg.minibatches`` optimizer steps each;
+    every rank runs the same number of backward/step calls. Returns the ``update/*`` metrics."""
+    stats = PPOStats()
+    first = True
+    for _ in range(cfg.ppo_epochs):
+        parts = minibatch_indices(len(rows), cfg.minibatches, rng) if rows else []
+        parts += [[] for _ in range(cfg.minibatches - len(parts))]
+        for part in parts:
+            chunks = micro_chunks(part, cfg.micro_rows) if part else []
+            n_tok, _ = all_reduce([float(sum(rows[i].n_response for i in part)), 0.0])
+            n_micro = int(all_reduce([float(len(chunks))], "max")[0])
+            if n_tok == 0:
+                continue
+            for k in range(n_micro):
+                if k < len(chunks):
+                    b = pad_update_rows([rows[i] for i in chunks[k]], pad_id, engine.device)
+                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+                    loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
+                    stats.add(loss, logp, b, cfg.clip_eps, first)
+                    engine.backward(loss * (float(b["mask"].sum()) / n_tok) * world, scale_wrt_gas=False)
+                else:
+                    engine.backward(zero_weight_pass(engine).sum() * 0.0, scale_wrt_gas=False)
+            first = False
+            stats.optimizer_step(engine)
+    return stats.result()
+
+
+def load_rl_ds_config(phase: str, cfg: Any) -> dict[str, Any]:
+    """The DeepSpeed JSON of an RL phase: the recipe owns the accumulation boundary (the number of
+    segments varies per step), so the JSON must say ``"managed_gradient_accumulation": false``."""
+    ds_config = load_ds_config(cfg.deepspeed_config)
+    if ds_config.get("managed_gradient_accumulation", True):
+        raise TrainConfigError(f"{cfg.deepspeed_config}: {phase} owns the accumulation boundary (variable segment "
+                               "counts per step); set \"managed_gradient_accumulation\": false")
+    return ds_config
+
+
+def policy_engine(phase: str, cfg: Any, ds_config: dict[str, Any]):
+    """``(tokenizer, engine, optimizer)`` of the policy at ``cfg.init_from``, dropout off (the
+    rollout's and the update's log-probs must agree)."""
+    from mimesis_lab.models import assert_no_dropout, disable_dropout, load_model
+    from mimesis_lab.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.init_from)
+    torch.manual_seed(cfg.seed)
+    model = disable_dropout(load_model(cfg.init_from))
+    assert_no_dropout(model)
+    engine, optimizer = make_engine(model, cfg, ds_config)
+    if engine.zero_optimization_stage() >= 3 and cfg.rollout.backend == "transformers":
+        raise TrainConfigError("ZeRO-3 partitions the weights: colocated transformers rollouts need ZeRO <= 2 "
+                               "(use the vllm backend with ZeRO-3)")
+    return tokenizer, engine, optimizer

@@ -1,0 +1,147 @@
+"""The agent's environment, as training and evaluation both use it (SPEC §3.1, §3.3 item 1):
+gym rows, the user side behind the privileged shim, one step's batch of episodes, and the
+privacy check that no simulator reasoning reaches an agent input.
+
+- :func:`load_gym_rows` — the ``gyms`` stage's UserRL rows, JSON columns decoded.
+- :func:`start_user_side` — the frozen simulator served in-process (kind ``simulator``) or an
+  external OpenAI-compatible server (kind ``openai``), always behind a :class:`PrivilegedShim`.
+- :func:`collect_episodes` — one RL step's rollouts: groups sampled by gym weight, one
+  :class:`EndpointUser` per episode on ``{shim}/ep/{episode}/v1``, the batched episodes, then each
+  episode's private reasoning and public replies read from the shim (and the episode freed).
+- :func:`privacy_leaks` — trajectories whose agent-visible stream contains a reasoning string of
+  their own episode; any hit is a shim bug and stops the job (:class:`PrivacyError`).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side", "privacy_leaks",
+           "EpisodeBatch", "collect_episodes"]
+
+MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic to count as a leak
+
+
+class PrivacyError(RuntimeError):
+    """The simulator's private reasoning reached an agent input."""
+
+
+def load_gym_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of the ``gyms`` stage with ``reward_model``/``extra_info`` decoded from their JSON strings."""
+    import polars as pl
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: gym rows not found (run `dvc repro gyms`)")
+    rows = pl.read_parquet(p).to_dicts()
+    for r in rows:
+        for k in ("reward_model", "extra_info"):
+            if isinstance(r.get(k), str):
+                r[k] = json.loads(r[k])
+    return rows
+
+
+def start_user_side(user_cfg: Any, max_episodes: int):
+    """``(model_server or None, shim, model name)``: the user side every episode talks to."""
+    from mimesis_lab.rollout.shim import PrivilegedShim
+
+    server = None
+    if user_cfg.kind == "simulator":
+        from mimesis_lab.models import load_model
+        from mimesis_lab.rollout.serve import ModelServer
+        from mimesis_lab.tokenizer import load_tokenizer
+
+        server = ModelServer(load_model(user_cfg.model_path).eval(), load_tokenizer(user_cfg.model_path))
+        server.start()
+        upstream, model = server.url, "local"
+    else:
+        upstream, model = user_cfg.openai.base_url, user_cfg.openai.model
+    shim = PrivilegedShim(upstream, timeout_s=user_cfg.timeout_s, max_episodes=max(1024, max_episodes))
+    shim.start()
+    return server, shim, model
+
+
+def privacy_leaks(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]]) -> int:
+    """Trajectories whose agent-visible stream contains a reasoning string of their episode."""
+    leaks = 0
+    for t in trajs:
+        secrets = [s.strip() for s in privileged.get(t.traj_id, []) if len(s.strip()) >= MIN_LEAK_CHARS]
+        if secrets:
+            seen = tokenizer.decode(t.ids, skip_special_tokens=False)
+            leaks += any(s in seen for s in secrets)
+    return leaks
+
+
+@dataclass
+class EpisodeBatch:
+    """One step's episodes on this rank: trajectories, and per trajectory id the user's private
+    reasoning and public replies (aligned, one entry per user reply)."""
+
+    trajs: list[Any]
+    privileged: dict[str, list[str]]
+    replies: dict[str, list[str]]
+    rollout_time_s: float
+
+
+def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: dict[str, list[dict[str, Any]]],
+                     tasks: dict[str, Any], shim: Any, user_model: str, backend: Any, tokenizer: Any,
+                     before_rollout: Any = None) -> EpisodeBatch:
+    """Roll out one RL step of an agent section ``cfg`` (``agent_grpo``/``agent_csd``).
+
+    ``prompts_per_step`` rows are drawn (gym by weight, then a row; a pure function of
+    ``(seed, step)``), rank ``k`` taking groups ``k, k+W, …``, ``rollouts_per_prompt`` episodes each.
+    ``before_rollout()`` runs after the gyms are built and before generation (e.g. refreshing a
+    vLLM engine's weights). Raises :class:`PrivacyError` if any reasoning reached an agent input.
+    """
+    from mimesis_lab.envs.gyms.registry import gym_for_row
+    from mimesis_lab.rollout.agent_rollout import run_agent_episodes
+    from mimesis_lab.rollout.backends import SamplingParams
+    from mimesis_lab.rollout.user_side import EndpointUser
+
+    t0 = time.perf_counter()
+    rng = random.Random(f"{cfg.seed}:{step}")
+    names = sorted(rows_by_gym)
+    groups = []
+    for _ in range(cfg.prompts_per_step):
+        g = rng.choices(names, weights=[cfg.gyms[n] for n in names], k=1)[0]
+        groups.append(rows_by_gym[g][rng.randrange(len(rows_by_gym[g]))])
+    user_sampling = SamplingParams(max_new_tokens=cfg.user.max_new_tokens, temperature=cfg.user.temperature,
+                                   seed=cfg.seed + step)
+    rows, gyms, ids, users = [], [], [], []
+    for gi in range(rank, len(groups), world):
+        gid = f"s{step}g{gi}"
+        for k in range(cfg.rollouts_per_prompt):
+            tid = f"{gid}r{k}"
+            user = EndpointUser(shim.url, user_model, episode=tid, sampling=user_sampling,
+                                timeout_s=cfg.user.timeout_s, max_retries=0)
+            rows.append(groups[gi])
+            gyms.append(gym_for_row(groups[gi], tasks, user, random.Random(f"{cfg.seed}:{tid}"),
+                                    max_steps=cfg.rollout.max_turns))
+            ids.append((gid, tid))
+            users.append(user)
+    if before_rollout is not None:
+        before_rollout()
+    sampling = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                              top_p=cfg.rollout.top_p, seed=cfg.seed * 1_000_003 + step * 9973 + rank)
+    trajs = run_agent_episodes(rows, gyms, ids, backend, tokenizer, sampling,
+                               max_turns=cfg.rollout.max_turns, max_total_tokens=cfg.rollout.max_total_tokens,
+                               show_reward=cfg.rollout.show_reward, step_timeout_s=cfg.rollout.step_timeout_s,
+                               users=users)
+    t_roll = time.perf_counter() - t0
+    privileged, replies = {}, {}
+    for u, (_, tid) in zip(users, ids):
+        replies[tid] = list(u.replies)
+        try:
+            privileged[tid] = list(shim.privileged(tid))
+        except KeyError:      # the user side was never asked (e.g. FunctionGym)
+            privileged[tid] = []
+        shim.delete(tid)
+        u.close()
+    leaks = privacy_leaks(tokenizer, trajs, privileged)
+    if leaks:
+        raise PrivacyError(f"step {step + 1}: simulator reasoning found in {leaks} agent input(s)")
+    return EpisodeBatch(trajs, privileged, replies, t_roll)
