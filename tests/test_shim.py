@@ -142,7 +142,13 @@ def test_split_reasoning_cases():
     assert split_reasoning("<think>r</think>") == ("r", "", False)
     assert split_reasoning("<think>r unclosed") == ("r unclosed", "", False)
     assert split_reasoning("r</think>u") == ("r", "u", True)         # template opened <think>
-    assert split_reasoning("<think>a</think>b<think>c</think>d") == ("a\nc", "bd", False)
+    # malformed: nothing that precedes a </think> or lies inside a think block is published
+    assert split_reasoning("<think>a</think>b<think>c</think>d") == ("a\nb\nc", "d", False)
+    assert split_reasoning("secret plan</think>hello</think>more") == ("secret plan\nhello", "more", False)
+    assert split_reasoning("reasoning</think>utterance</think>") == ("reasoning\nutterance", "", False)
+    assert split_reasoning("hi <think>secret unclosed") == ("secret unclosed", "hi", False)
+    assert split_reasoning("pre <think>s1</think> mid </think> post <think> tail") == \
+        ("pre\ns1\nmid\ntail", "post", False)
 
 
 def test_strips_think_and_stores_reasoning_in_turn_order(shim, client):
@@ -437,3 +443,23 @@ def test_load_concurrent_episodes():
     finally:
         shim.stop()
         up.stop()
+
+
+def test_leak_check_sees_every_withheld_span():
+    """A malformed reply's withheld text is stored span by span, and the job's leak check finds any
+    one of them in an agent input (not only a whole stored reasoning string)."""
+    from types import SimpleNamespace
+
+    from mimesis_lab.rollout.agent_env import privacy_leaks
+
+    reasoning, utterance, ok = split_reasoning("my budget is 80 euros per night</think>cheap please</think>ok")
+    assert (utterance, ok) == ("ok", False)
+
+    class Tok:   # the agent-visible stream is the decoded ids; here ids are the text itself
+        def decode(self, ids, skip_special_tokens=False):
+            return ids
+
+    leaked = SimpleNamespace(traj_id="e1", ids="user: cheap please and my budget is 80 euros per night")
+    clean = SimpleNamespace(traj_id="e1", ids="user: ok")
+    assert privacy_leaks(Tok(), [leaked], {"e1": [reasoning]}) == 1
+    assert privacy_leaks(Tok(), [clean], {"e1": [reasoning]}) == 0

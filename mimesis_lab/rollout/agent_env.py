@@ -66,10 +66,14 @@ def start_user_side(user_cfg: Any, max_episodes: int):
 
 
 def privacy_leaks(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]]) -> int:
-    """Trajectories whose agent-visible stream contains a reasoning string of their episode."""
+    """Trajectories whose agent-visible stream contains a withheld span of their episode: every line
+    of every privileged entry (the shim stores each reply's withheld text — the reasoning, and in a
+    malformed reply everything before its last ``</think>`` — one span per line) of at least
+    :data:`MIN_LEAK_CHARS` characters."""
     leaks = 0
     for t in trajs:
-        secrets = [s.strip() for s in privileged.get(t.traj_id, []) if len(s.strip()) >= MIN_LEAK_CHARS]
+        secrets = [line.strip() for s in privileged.get(t.traj_id, []) for line in s.split("\n")
+                   if len(line.strip()) >= MIN_LEAK_CHARS]
         if secrets:
             seen = tokenizer.decode(t.ids, skip_special_tokens=False)
             leaks += any(s in seen for s in secrets)

@@ -72,10 +72,13 @@ _BLOCK_RE = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)"
 def split_reasoning(content: str) -> tuple[str, str, bool]:
     """``(reasoning, utterance, well_formed)`` of a simulator reply (thinking optional).
 
-    Well-formed replies are split by :func:`parse_reply`; otherwise the utterance is
-    :func:`public_text` (every think block removed, closed or not) and the reasoning is the
-    text inside the blocks, joined by newlines. ``reasoning</think>utterance`` with no opening tag
-    (a chat template that opens ``<think>`` in the generation prompt) is split at the tag.
+    Well-formed replies are split by :func:`parse_reply`; ``reasoning</think>utterance`` with no
+    opening tag (a chat template that opens ``<think>`` in the generation prompt) is split at the tag.
+    A malformed reply publishes only what is safe: nothing that precedes a ``</think>`` tag and
+    nothing inside a think block, closed or not — i.e. the text after the *last* ``</think>`` (or,
+    with no closing tag, the text before the first ``<think>``), with any block opened there
+    removed. Everything withheld is returned as the reasoning (so the buffer, and the job's leak
+    check, see every withheld span) and the reply is a format failure.
     """
     body = content.strip()
     if OPEN not in body and body.count(CLOSE) == 1:   # the chat template opened <think> itself (Qwen3 style)
@@ -83,11 +86,19 @@ def split_reasoning(content: str) -> tuple[str, str, bool]:
     parsed = parse_reply(content, require_think=False)
     if parsed.ok:
         return parsed.reasoning, parsed.utterance, True
-    if parsed.error == "empty utterance" and OPEN not in content:
+    if parsed.error == "empty utterance" and OPEN not in content and CLOSE not in content:
         return "", "", True                       # an empty reply: no reasoning either
-    inner = [m.group(1).replace(CLOSE, "").strip() for m in _BLOCK_RE.finditer(content)]
-    reasoning = "\n".join(x for x in inner if x)
-    return reasoning, public_text(content).replace(CLOSE, "").strip(), False
+    if CLOSE in content:
+        cut = content.rindex(CLOSE)
+        withheld, rest = content[:cut], content[cut + len(CLOSE):]
+    else:
+        cut = content.index(OPEN) if OPEN in content else len(content)
+        withheld, rest = content[cut:], content[:cut]
+    utterance = public_text(rest).replace(CLOSE, "").replace(OPEN, "").strip()
+    tail = rest[len(rest.split(OPEN, 1)[0]):] if OPEN in rest else ""     # a block opened after the cut
+    spans = [x.replace(OPEN, "\n").replace(CLOSE, "\n").strip() for x in (withheld, tail)]
+    reasoning = "\n".join(line.strip() for x in spans for line in x.split("\n") if line.strip())
+    return reasoning, utterance, False
 
 
 class InvalidEpisodeId(HTTPError, ValueError):
