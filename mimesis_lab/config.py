@@ -13,19 +13,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mimesis_lab.config_base import (AgentRolloutParams, ConfigError, JudgeParams, OpenAIEndpoint,  # noqa: F401
+                                     RolloutParams, Section)
+from mimesis_lab.config_eval import (AgentEvalParams, DiscriminatorParams, EvalPartnerParams,  # noqa: F401
+                                     EvalSimulatorParams, EvalUserParams, ReportParams, SimEvalParams)
 from mimesis_lab.envs.gyms.registry import ALL_GYMS, TRAIN_GYMS
 
 DEFAULT_PARAMS = Path("params.yaml")
-
-
-class ConfigError(ValueError):
-    """A params file that does not validate; the message names file and key."""
-
-
-class Section(BaseModel):
-    """Base of every section: strict types, unknown keys rejected, immutable."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class TrackingParams(Section):
@@ -84,15 +78,6 @@ class ThoughtTraceParams(Section):
     max_message_chars: int = Field(32_000, gt=0, description="Messages longer than this quarantine the conversation.")
     chunk_mb: float = Field(16.0, gt=0, description="Input is processed in chunks of about this many MiB (bounded memory).")
     output: str = Field("data/processed/thoughttrace.parquet", description="Output parquet path.")
-
-
-class OpenAIEndpoint(Section):
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL (…/v1).")
-    model: str = Field("annotator", description="Model name sent in the request.")
-    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key (may be unset).")
-    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
-    max_retries: int = Field(2, ge=0, description="Retries after a failed or schema-invalid answer.")
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
 
 
 class BehaviorsParams(Section):
@@ -277,27 +262,6 @@ class SimTaskParams(Section):
     max_rows: int | None = Field(None, gt=0, description="Use at most this many task rows (null: all).")
 
 
-class RolloutParams(Section):
-    backend: Literal["transformers", "vllm"] = Field(
-        "transformers", description="Generation backend of the policy (vllm: GPU only, refreshed every step).")
-    batch_size: int = Field(16, ge=1, description="Prompts per generation call (transformers backend).")
-    max_new_tokens: int = Field(64, ge=1, description="Tokens generated per simulator turn.")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (log-probs are always at T=1).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    max_prompt_tokens: int = Field(1536, gt=8, description="A longer simulator prompt ends the episode as "
-                                   "invalid `context_overflow`.")
-    gpu_memory_utilization: float = Field(0.4, gt=0, lt=1, description="vLLM only.")
-    prefix_cache_tokens: int = Field(65536, ge=0, description="transformers backend: KV of finished turns kept "
-                                     "(tokens) and reused by the episode's next prompt within a step; 0 = off.")
-
-
-class JudgeParams(Section):
-    kind: Literal["rule", "openai"] = Field("rule", description="`rule`: deterministic offline judge; "
-                                            "`openai`: LLM judge with strict JSON verdicts.")
-    openai: OpenAIEndpoint = Field(default_factory=lambda: OpenAIEndpoint(model="judge"),
-                                   description="Endpoint of the `openai` judge.")
-
-
 class RLPhaseParams(Section):
     """Settings shared by the RL phases (``sim_rl``, ``agent_grpo``): batch shape, PPO-clip update,
     optimizer, checkpoints and launch."""
@@ -367,15 +331,6 @@ class AgentUserParams(Section):
     timeout_s: float = Field(60.0, gt=0, description="Per-reply timeout (a timeout makes the episode invalid).")
 
 
-class AgentRolloutParams(RolloutParams):
-    max_turns: int = Field(4, ge=1, description="Agent turns per episode (the paper: 16).")
-    max_total_tokens: int = Field(2048, gt=16, description="Prompt + all turns; beyond it the episode is invalid "
-                                  "`context_overflow`.")
-    step_timeout_s: float = Field(120.0, gt=0, description="A gym step (incl. the user's reply) slower than this "
-                                  "is invalid `timeout`.")
-    show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback (as the reference).")
-
-
 class AgentGRPOParams(RLPhaseParams):
     """Multi-turn GRPO of the agent against the frozen simulator (SPEC §3.1–3.2)."""
 
@@ -443,10 +398,6 @@ class AgentCSDParams(AgentGRPOParams):
     csd: CSDParams = Field(default_factory=CSDParams, description="The CSD term.")
     output_dir: str = Field("models/agent_csd", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
     sibling_check: bool = Field(True, description="Require the SIBLING_KEYS fields to equal agent_grpo's.")
-
-
-# the evaluation sections live in their own module (it imports the classes above)
-from mimesis_lab.config_eval import AgentEvalParams, ReportParams, SimEvalParams  # noqa: E402
 
 
 class Params(Section):
