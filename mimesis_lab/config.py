@@ -7,8 +7,10 @@
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -384,24 +386,15 @@ class CSDParams(Section):
     coach: CoachParams = Field(default_factory=CoachParams, description="The coach.")
 
 
-# Fields of agent_csd that must equal agent_grpo's, so the two runs are siblings (same initial
-# agent, data, user, rollout and update settings; only the CSD term and the output differ).
-SIBLING_KEYS = ("init_from", "data", "gyms", "user", "rollout", "gamma", "zero_credit", "invalid_policy",
-                "deepspeed_config", "steps", "prompts_per_step", "rollouts_per_prompt", "ppo_epochs", "minibatches",
-                "micro_rows", "clip_eps", "adv_eps", "lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "beta1",
-                "beta2", "world_size", "seed")
-
-
 class AgentCSDParams(AgentGRPOParams):
-    """Multi-turn GRPO + CSD (SPEC §3.3); every other field as in ``agent_grpo``."""
+    """Multi-turn GRPO + CSD (SPEC §3.3); every other field as in ``agent_grpo`` (both read ``agent_rl``)."""
 
     csd: CSDParams = Field(default_factory=CSDParams, description="The CSD term.")
     output_dir: str = Field("models/agent_csd", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
-    sibling_check: bool = Field(True, description="Require the SIBLING_KEYS fields to equal agent_grpo's.")
 
 
 class Params(Section):
-    """The whole ``params.yaml``."""
+    """The whole ``params.yaml``, its shared groups resolved into the phase sections (:data:`SHARED_GROUPS`)."""
 
     tracking: TrackingParams = Field(default_factory=TrackingParams, description="MLflow tracking.")
     role_swap: RoleSwapParams = Field(description="User-side mid-training data (role swap).")
@@ -433,39 +426,168 @@ class Params(Section):
         for name in self.role_swap.no_swap_sources:
             if "/" in name or name.endswith(".jsonl"):
                 raise ValueError(f"role_swap.no_swap_sources entries are source names (file stems), got {name!r}")
-        if self.agent_grpo is not None and self.agent_grpo.rollout.show_reward != self.agent_traces.show_reward:
-            raise ValueError("agent_traces.show_reward must equal agent_grpo.rollout.show_reward (the SFT traces "
-                             "and the RL rollouts must show the agent the same tool feedback)")
-        if self.agent_csd is not None and self.agent_grpo is not None and self.agent_csd.sibling_check:
-            diff = [k for k in SIBLING_KEYS if getattr(self.agent_csd, k) != getattr(self.agent_grpo, k)]
-            if diff:
-                raise ValueError(f"agent_csd differs from agent_grpo in {diff}: the CSD run must be the GRPO run's "
-                                 "sibling (same initial agent, data, seed and settings); set "
-                                 "agent_csd.sibling_check: false to compare deliberately different runs")
+        for phase in ("agent_grpo", "agent_csd"):
+            rl = getattr(self, phase)
+            if rl is not None and rl.rollout.show_reward != self.agent_traces.show_reward:
+                raise ValueError(f"agent_traces.show_reward ({self.agent_traces.show_reward}) must equal the agent "
+                                 f"rollouts' show_reward ({phase}: {rl.rollout.show_reward}; written in "
+                                 "agent_rl.rollout unless the phase overrides it): the SFT traces and the RL rollouts "
+                                 "must show the agent the same tool feedback")
         return self
 
 
-def _format_error(path: Path, err: ValidationError) -> str:
-    lines = []
+class SharedGroup(NamedTuple):
+    """A ``params.yaml`` section written once and shared by several phase sections (as litgpt reuses
+    ``train: TrainArgs`` in every fine-tuning method)."""
+
+    members: tuple[str, ...]
+    description: str
+
+
+#: Shared groups: group section -> the phase sections it is merged under. A phase section holds
+#: what differs and may override any key of its group (a deliberate ablation writes the key there).
+SHARED_GROUPS: dict[str, SharedGroup] = {
+    "sft_run": SharedGroup(("midtrain", "sft", "agent_sft"), "Settings shared by the SFT-style phases midtrain, "
+                           "sft and agent_sft (loss mask, lengths, optimizer, schedule, checkpoints, launch); each "
+                           "phase section holds what differs and may override any key written here."),
+    "agent_rl": SharedGroup(("agent_grpo", "agent_csd"), "Settings shared by the two agent RL runs, agent_grpo "
+                            "and agent_csd (initial agent, data, user, rollout, update, launch): written once, so "
+                            "the runs are siblings by construction. A phase section may override a key (ablation)."),
+}
+#: Keys a shared group must not hold: two phases writing one folder would overwrite each other.
+PER_PHASE_KEYS = ("output_dir",)
+
+
+def _section_type(annotation: Any) -> type[Section] | None:
+    """The :class:`Section` subclass of a field's annotation (``X`` or ``X | None``), else ``None``."""
+    if isinstance(annotation, type):
+        return annotation if issubclass(annotation, Section) else None
+    found = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, Section)]
+    return found[0] if get_origin(annotation) in (Union, UnionType) and len(found) == 1 else None
+
+
+def _phase_model(phase: str) -> type[Section]:
+    model = _section_type(Params.model_fields[phase].annotation)
+    assert model is not None, phase
+    return model
+
+
+def _merge_shared(shared: dict, own: dict, model: type[Section] | None, src: tuple, dst: tuple,
+                  origins: dict[tuple, tuple]) -> dict:
+    """``shared`` then ``own`` (the phase's keys win). Sub-sections merge key by key; any other value
+    (scalar, list, or a mapping of free names such as ``gyms``) is taken whole from ``own`` when
+    written there. ``origins`` records, for each resolved key taken from the group, its group key."""
+    out = {}
+    for k, v in shared.items():
+        field = model.model_fields.get(k) if model is not None else None
+        sub = _section_type(field.annotation) if field is not None else None
+        if k not in own:
+            out[k] = copy.deepcopy(v)
+            origins[dst + (k,)] = src + (k,)
+        elif sub is not None and isinstance(v, dict) and isinstance(own[k], dict):
+            out[k] = _merge_shared(v, own[k], sub, src + (k,), dst + (k,), origins)
+        else:
+            out[k] = own[k]
+    out.update((k, v) for k, v in own.items() if k not in shared)
+    return out
+
+
+def _resolve(data: dict, source: str | Path = "<params>") -> tuple[dict, dict[tuple, tuple]]:
+    out = {k: v for k, v in data.items() if k not in SHARED_GROUPS}
+    origins: dict[tuple, tuple] = {}
+    for name, group in SHARED_GROUPS.items():
+        shared = data.get(name)
+        if name not in data:
+            continue
+        if not isinstance(shared, dict):
+            raise ConfigError(f"{source}: `{name}`: a shared group must be a mapping, got {type(shared).__name__}")
+        for key in PER_PHASE_KEYS:
+            if key in shared:
+                raise ConfigError(f"{source}: `{name}.{key}`: write {key} in each phase section "
+                                  f"({', '.join(group.members)}), not in the shared group")
+        for phase in group.members:
+            if isinstance(data.get(phase), dict):      # absent or malformed sections are left to validation
+                out[phase] = _merge_shared(shared, data[phase], _phase_model(phase), (name,), (phase,), origins)
+    return out, origins
+
+
+def resolve_groups(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a params mapping as written) with each shared group merged under its member phase
+    sections and removed: every phase section complete, as ``parse_params`` validates it. Scripts that
+    edit a phase's settings in the mapping start from this form. A file without groups is returned as is."""
+    return _resolve(data)[0]
+
+
+def override_target(data: dict[str, Any], key: str) -> str:
+    """Where an override of the dotted ``key`` belongs in ``data`` (a params mapping as written): a
+    setting a phase takes from its shared group is written to the group (``agent_csd.lr`` ->
+    ``agent_rl.lr``), so the group's phases keep sharing it; a key the phase section writes itself
+    (a deliberate override) or one that is not shared (``agent_csd.csd.alpha``) stays as given."""
+    phase, *rest = key.split(".")
+    group = next((g for g, sg in SHARED_GROUPS.items() if phase in sg.members), None)
+    if group is None or not rest or not isinstance(data.get(group), dict) or rest[0] in PER_PHASE_KEYS:
+        return key
+    if not all(rest[0] in _phase_model(m).model_fields for m in SHARED_GROUPS[group].members):
+        return key
+    node, model = data.get(phase), _phase_model(phase)
+    for part in rest:
+        if not isinstance(node, dict) or part not in node:
+            return ".".join([group, *rest])
+        field = model.model_fields.get(part) if model is not None else None
+        model = _section_type(field.annotation) if field is not None else None
+        if model is None:
+            return key
+        node = node[part]
+    return key
+
+
+def _written_at(loc: tuple, origins: dict[tuple, tuple]) -> tuple:
+    """The key as the user wrote it: a resolved key taken from a shared group names the group's key."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in origins:
+            return origins[loc[:n]] + loc[n:]
+    return loc
+
+
+def _format_error(path: Path, err: ValidationError, origins: dict[tuple, tuple] | None = None) -> str:
+    """One line per problem, naming the key where it is written; a shared group's key that fails in
+    several phases is named once (an unknown key that only some phases reject says which)."""
+    origins = origins or {}
+    lines: dict[str, set[str]] = {}           # line -> phases in which the group key failed
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key `{key}`")
+        loc = tuple(str(p) for p in e["loc"])
+        written = _written_at(loc, origins)
+        key = ".".join(written)
+        if not loc:
+            line = f"{path}: {e['msg']}"
+        elif e["type"] == "extra_forbidden":
+            line = f"{path}: unknown key `{key}`"
         else:
             got = repr(e.get("input"))
             got = got if len(got) <= 200 else got[:200] + "…"
-            lines.append(f"{path}: `{key}`: {e['msg']} (got {got})")
-    return "\n".join(lines)
+            line = f"{path}: `{key}`: {e['msg']} (got {got})"
+        lines.setdefault(line, set()).update([loc[0]] if written != loc else [])
+    out = []
+    for line, phases in lines.items():
+        if phases and "unknown key" in line:
+            group = next(src[0] for dst, src in origins.items() if dst[0] in phases)
+            merged_into = {dst[0] for dst, src in origins.items() if src[0] == group}
+            if phases != merged_into:
+                line += f" (not a key of {', '.join(sorted(phases))}: write it in the phase sections that have it)"
+        out.append(line)
+    return "\n".join(out)
 
 
 def parse_params(data: Any, source: str | Path = "<params>") -> Params:
-    """Validate an already-loaded mapping; raise :class:`ConfigError` naming each bad key."""
+    """Resolve the shared groups (:func:`resolve_groups`), then validate; raise :class:`ConfigError`
+    naming each bad key where it is written (``agent_rl.lr`` for a bad shared value)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    resolved, origins = _resolve(data, source)
     try:
-        return Params.model_validate(data)
+        return Params.model_validate(resolved)
     except ValidationError as err:
-        raise ConfigError(_format_error(Path(str(source)), err)) from None
+        raise ConfigError(_format_error(Path(str(source)), err, origins)) from None
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

@@ -99,3 +99,75 @@ def test_profile_merge_cli(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {hidden_sise: 3}\n")
     assert C.main(["--params", str(ROOT / "params.yaml"), "--profile", str(bad)]) == 2
+
+
+# --- shared groups: sft_run (midtrain, sft, agent_sft) and agent_rl (agent_grpo, agent_csd) ---
+
+def test_a_shared_group_is_written_once_and_read_by_each_phase():
+    d = _params()
+    assert set(d["agent_grpo"]) == {"output_dir"} and set(d["agent_csd"]) == {"output_dir", "csd"}
+    p = C.parse_params(d)
+    # agent_rl.lr: 1.0e-4 reaches both runs; each keeps its own output_dir
+    assert p.agent_grpo.lr == p.agent_csd.lr == d["agent_rl"]["lr"] == 1.0e-4
+    assert (p.agent_grpo.output_dir, p.agent_csd.output_dir) == ("models/agent_grpo", "models/agent_csd")
+    # sft_run.deepspeed_config reaches midtrain, sft and agent_sft; lr is each phase's own
+    assert p.midtrain.deepspeed_config == p.sft.deepspeed_config == p.agent_sft.deepspeed_config
+    assert (p.midtrain.lr, p.sft.lr, p.agent_sft.lr) == (0.005, 0.003, 0.005)
+
+
+def test_a_phase_section_overrides_its_group():
+    d = _params()
+    d["agent_csd"]["lr"] = 5.0e-5                       # a deliberate ablation: CSD with its own lr
+    d["agent_csd"]["rollout"] = {"max_turns": 2}        # a sub-section merges key by key
+    d["agent_csd"]["gyms"] = {"travel": 1.0}            # a mapping of free names is replaced whole
+    p = C.parse_params(d)
+    assert (p.agent_csd.lr, p.agent_grpo.lr) == (5.0e-5, 1.0e-4)
+    assert (p.agent_csd.rollout.max_turns, p.agent_grpo.rollout.max_turns) == (2, 3)
+    assert p.agent_csd.rollout.temperature == d["agent_rl"]["rollout"]["temperature"]
+    assert p.agent_csd.gyms == {"travel": 1.0} and len(p.agent_grpo.gyms) == 5
+
+
+def test_full_sections_without_groups_still_load():
+    full = C.resolve_groups(_params())
+    assert "agent_rl" not in full and "sft_run" not in full
+    assert full["agent_csd"]["lr"] == full["agent_grpo"]["lr"] == 1.0e-4
+    assert C.parse_params(full) == C.parse_params(_params())
+
+
+@pytest.mark.parametrize("section,key,written", [
+    ("agent_rl", "lr", "agent_rl.lr"),                  # named once, where it is written
+    ("agent_csd", "lr", "agent_csd.lr"),
+    ("sft_run", "max_len", "sft_run.max_len"),
+])
+def test_a_bad_value_is_named_where_it_is_written(section, key, written):
+    d = _params()
+    d[section][key] = -1
+    with pytest.raises(C.ConfigError) as e:
+        C.parse_params(d, "params.yaml")
+    assert str(e.value).count(f"`{written}`") == 1, str(e.value)
+
+
+def test_group_key_errors():
+    d = _params()
+    d["agent_rl"]["sead"] = 1
+    with pytest.raises(C.ConfigError, match=r"unknown key `agent_rl.sead`$"):
+        C.parse_params(d)
+    d = _params()
+    d["agent_rl"]["csd"] = {"alpha": 0.1}              # valid for agent_csd only
+    with pytest.raises(C.ConfigError, match=r"unknown key `agent_rl.csd` \(not a key of agent_grpo"):
+        C.parse_params(d)
+    d = _params()
+    d["agent_rl"]["output_dir"] = "models/agent"        # both runs would write one folder
+    with pytest.raises(C.ConfigError, match=r"`agent_rl.output_dir`: write output_dir in each phase section"):
+        C.parse_params(d)
+
+
+def test_override_target_keeps_siblings_sharing():
+    d = _params()
+    d["agent_csd"]["lr"] = 5.0e-5
+    assert C.override_target(d, "agent_grpo.rollout.max_turns") == "agent_rl.rollout.max_turns"
+    assert C.override_target(d, "agent_csd.lr") == "agent_csd.lr"              # the phase writes it itself
+    assert C.override_target(d, "agent_csd.csd.alpha") == "agent_csd.csd.alpha"  # not a shared setting
+    assert C.override_target(d, "agent_grpo.output_dir") == "agent_grpo.output_dir"
+    assert C.override_target(d, "midtrain.seed") == "sft_run.seed"
+    assert C.override_target(d, "sim_rl.lr") == "sim_rl.lr"                    # no group
