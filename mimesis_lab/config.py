@@ -4,19 +4,25 @@
 (``Field(description=...)``), unknown keys are errors, and types are strict
 (``"1"`` is not an int). :func:`load_params` turns any problem into a
 :class:`ConfigError` whose message names the file and the dotted key.
+
+Settings that sibling phases share are written once, in a shared group (:data:`SHARED_GROUPS`:
+``sft_run`` for midtrain/sft/agent_sft, ``agent_rl`` for agent_grpo/agent_csd), and merged under
+each phase section before validation (:mod:`mimesis_lab.config_groups`), so ``params.agent_csd.lr``
+is complete. The help (``--explain KEY``, the ``#:`` comments of params.yaml) is generated from the
+descriptions (:mod:`mimesis_lab.config_help`). Shared sub-sections live in
+:mod:`mimesis_lab.config_base`, the evaluation sections in :mod:`mimesis_lab.config_eval`.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mimesis_lab import config_groups, config_help
 from mimesis_lab.config_base import (AgentRolloutParams, ConfigError, JudgeParams, OpenAIEndpoint,  # noqa: F401
-                                     RolloutParams, Section)
+                                     RolloutParams, Schema, Section, SharedGroup)
 from mimesis_lab.config_eval import (AgentEvalParams, DiscriminatorParams, EvalPartnerParams,  # noqa: F401
                                      EvalSimulatorParams, EvalUserParams, ReportParams, SimEvalParams)
 from mimesis_lab.envs.gyms.registry import ALL_GYMS, TRAIN_GYMS
@@ -172,7 +178,7 @@ class AgentTracesParams(Section):
 
     gyms_dir: str = Field("data/gyms", description="Output folder of the `gyms` stage ({train,val}.parquet are read).")
     show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback; must equal "
-                              "agent_grpo.rollout.show_reward so SFT and RL see the same interface.")
+                              "agent_rl.rollout.show_reward so SFT and RL see the same interface.")
     max_steps: int = Field(16, ge=1, description="Gym steps per oracle episode.")
     output_dir: str = Field("data/agent_sft", description="Writes <output_dir>/{train,val}.parquet (column "
                             "`messages`: prompt, then alternating assistant replies and tool feedback).")
@@ -297,7 +303,8 @@ class SimRLParams(RLPhaseParams):
     """Joint multi-domain simulator RL with FoldGRPO (SPEC §2.3–2.4, §6)."""
 
     init_from: str = Field(description="Hugging Face folder of the starting policy (the SFT model).")
-    tasks: dict[str, SimTaskParams] = Field(description="data_source -> task settings; sampled by weight.")
+    tasks: dict[str, SimTaskParams] = Field(description="The joint multi-domain mixture: data_source -> its "
+                                            "weight p(d), rows and turn budget; tasks are sampled by weight.")
     kb: str = Field("data/raw/abcd/kb.json", description="ABCD kb.json for the scripted support agent.")
     guidelines: str = Field("data/raw/abcd/guidelines.json", description="ABCD guidelines.json.")
     judge: JudgeParams = Field(default_factory=JudgeParams, description="Behaviour judge.")
@@ -436,14 +443,6 @@ class Params(Section):
         return self
 
 
-class SharedGroup(NamedTuple):
-    """A ``params.yaml`` section written once and shared by several phase sections (as litgpt reuses
-    ``train: TrainArgs`` in every fine-tuning method)."""
-
-    members: tuple[str, ...]
-    description: str
-
-
 #: Shared groups: group section -> the phase sections it is merged under. A phase section holds
 #: what differs and may override any key of its group (a deliberate ablation writes the key there).
 SHARED_GROUPS: dict[str, SharedGroup] = {
@@ -458,64 +457,15 @@ SHARED_GROUPS: dict[str, SharedGroup] = {
 PER_PHASE_KEYS = ("output_dir",)
 
 
-def _section_type(annotation: Any) -> type[Section] | None:
-    """The :class:`Section` subclass of a field's annotation (``X`` or ``X | None``), else ``None``."""
-    if isinstance(annotation, type):
-        return annotation if issubclass(annotation, Section) else None
-    found = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, Section)]
-    return found[0] if get_origin(annotation) in (Union, UnionType) and len(found) == 1 else None
-
-
-def _phase_model(phase: str) -> type[Section]:
-    model = _section_type(Params.model_fields[phase].annotation)
-    assert model is not None, phase
-    return model
-
-
-def _merge_shared(shared: dict, own: dict, model: type[Section] | None, src: tuple, dst: tuple,
-                  origins: dict[tuple, tuple]) -> dict:
-    """``shared`` then ``own`` (the phase's keys win). Sub-sections merge key by key; any other value
-    (scalar, list, or a mapping of free names such as ``gyms``) is taken whole from ``own`` when
-    written there. ``origins`` records, for each resolved key taken from the group, its group key."""
-    out = {}
-    for k, v in shared.items():
-        field = model.model_fields.get(k) if model is not None else None
-        sub = _section_type(field.annotation) if field is not None else None
-        if k not in own:
-            out[k] = copy.deepcopy(v)
-            origins[dst + (k,)] = src + (k,)
-        elif sub is not None and isinstance(v, dict) and isinstance(own[k], dict):
-            out[k] = _merge_shared(v, own[k], sub, src + (k,), dst + (k,), origins)
-        else:
-            out[k] = own[k]
-    out.update((k, v) for k, v in own.items() if k not in shared)
-    return out
-
-
-def _resolve(data: dict, source: str | Path = "<params>") -> tuple[dict, dict[tuple, tuple]]:
-    out = {k: v for k, v in data.items() if k not in SHARED_GROUPS}
-    origins: dict[tuple, tuple] = {}
-    for name, group in SHARED_GROUPS.items():
-        shared = data.get(name)
-        if name not in data:
-            continue
-        if not isinstance(shared, dict):
-            raise ConfigError(f"{source}: `{name}`: a shared group must be a mapping, got {type(shared).__name__}")
-        for key in PER_PHASE_KEYS:
-            if key in shared:
-                raise ConfigError(f"{source}: `{name}.{key}`: write {key} in each phase section "
-                                  f"({', '.join(group.members)}), not in the shared group")
-        for phase in group.members:
-            if isinstance(data.get(phase), dict):      # absent or malformed sections are left to validation
-                out[phase] = _merge_shared(shared, data[phase], _phase_model(phase), (name,), (phase,), origins)
-    return out, origins
+#: What the group merge and the generated help know of ``params.yaml``.
+SCHEMA = Schema(Params, SHARED_GROUPS, PER_PHASE_KEYS)
 
 
 def resolve_groups(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` (a params mapping as written) with each shared group merged under its member phase
     sections and removed: every phase section complete, as ``parse_params`` validates it. Scripts that
     edit a phase's settings in the mapping start from this form. A file without groups is returned as is."""
-    return _resolve(data)[0]
+    return config_groups.resolve(data, SCHEMA)[0]
 
 
 def override_target(data: dict[str, Any], key: str) -> str:
@@ -523,40 +473,17 @@ def override_target(data: dict[str, Any], key: str) -> str:
     setting a phase takes from its shared group is written to the group (``agent_csd.lr`` ->
     ``agent_rl.lr``), so the group's phases keep sharing it; a key the phase section writes itself
     (a deliberate override) or one that is not shared (``agent_csd.csd.alpha``) stays as given."""
-    phase, *rest = key.split(".")
-    group = next((g for g, sg in SHARED_GROUPS.items() if phase in sg.members), None)
-    if group is None or not rest or not isinstance(data.get(group), dict) or rest[0] in PER_PHASE_KEYS:
-        return key
-    if not all(rest[0] in _phase_model(m).model_fields for m in SHARED_GROUPS[group].members):
-        return key
-    node, model = data.get(phase), _phase_model(phase)
-    for part in rest:
-        if not isinstance(node, dict) or part not in node:
-            return ".".join([group, *rest])
-        field = model.model_fields.get(part) if model is not None else None
-        model = _section_type(field.annotation) if field is not None else None
-        if model is None:
-            return key
-        node = node[part]
-    return key
-
-
-def _written_at(loc: tuple, origins: dict[tuple, tuple]) -> tuple:
-    """The key as the user wrote it: a resolved key taken from a shared group names the group's key."""
-    for n in range(len(loc), 0, -1):
-        if loc[:n] in origins:
-            return origins[loc[:n]] + loc[n:]
-    return loc
+    return config_groups.override_target(data, key, SCHEMA)
 
 
 def _format_error(path: Path, err: ValidationError, origins: dict[tuple, tuple] | None = None) -> str:
     """One line per problem, naming the key where it is written; a shared group's key that fails in
     several phases is named once (an unknown key that only some phases reject says which)."""
     origins = origins or {}
-    lines: dict[str, set[str]] = {}           # line -> phases in which the group key failed
+    lines: dict[str, tuple[bool, set[str]]] = {}     # line -> (unknown key?, phases the group key failed in)
     for e in err.errors():
         loc = tuple(str(p) for p in e["loc"])
-        written = _written_at(loc, origins)
+        written = config_groups.written_at(loc, origins)
         key = ".".join(written)
         if not loc:
             line = f"{path}: {e['msg']}"
@@ -566,10 +493,11 @@ def _format_error(path: Path, err: ValidationError, origins: dict[tuple, tuple] 
             got = repr(e.get("input"))
             got = got if len(got) <= 200 else got[:200] + "…"
             line = f"{path}: `{key}`: {e['msg']} (got {got})"
-        lines.setdefault(line, set()).update([loc[0]] if written != loc else [])
+        unknown, phases = lines.setdefault(line, (e["type"] == "extra_forbidden", set()))
+        phases.update([loc[0]] if written != loc else [])
     out = []
-    for line, phases in lines.items():
-        if phases and "unknown key" in line:
+    for line, (unknown, phases) in lines.items():
+        if unknown and phases:
             group = next(src[0] for dst, src in origins.items() if dst[0] in phases)
             merged_into = {dst[0] for dst, src in origins.items() if src[0] == group}
             if phases != merged_into:
@@ -583,7 +511,7 @@ def parse_params(data: Any, source: str | Path = "<params>") -> Params:
     naming each bad key where it is written (``agent_rl.lr`` for a bad shared value)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
-    resolved, origins = _resolve(data, source)
+    resolved, origins = config_groups.resolve(data, SCHEMA, source)
     try:
         return Params.model_validate(resolved)
     except ValidationError as err:
@@ -618,11 +546,22 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def merge_profile(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge a profile (e.g. ``configs/paper/params.paper.yaml``) onto ``params.yaml`` data."""
+    """Deep-merge a profile (e.g. ``configs/paper/params.paper.yaml``) onto ``params.yaml`` data, both as
+    written (shared groups unresolved: a profile's ``agent_rl`` lands on params.yaml's ``agent_rl``)."""
     out = dict(base)
     for k, v in overrides.items():
         out[k] = merge_profile(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return out
+
+
+def explain(key: str) -> str:
+    """Type, default and description of a dotted key (``agent_rl.lr``, ``agent_csd.csd.alpha``)."""
+    return config_help.explain(key, SCHEMA)
+
+
+def annotate(text: str) -> str:
+    """A params YAML with a generated ``#:`` comment (description, default) above each key."""
+    return config_help.annotate(text, SCHEMA)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Validates the params (with profiles merged on top, in order) and writes the merged
     file when ``-o`` is given; prints the errors, naming each key, otherwise.
+    ``--explain KEY`` prints a key's type, default and description; ``--annotate FILE`` validates
+    FILE and rewrites it with a ``#:`` comment above every key (run it after changing a description).
     """
     import argparse
     import sys
@@ -638,7 +579,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=str(DEFAULT_PARAMS))
     ap.add_argument("--profile", action="append", default=[], help="profile YAML merged on top (repeatable)")
     ap.add_argument("-o", "--output", help="write the merged, validated params here")
+    ap.add_argument("--explain", metavar="KEY", action="append", default=[],
+                    help="print type, default and description of a dotted key, e.g. agent_rl.lr (repeatable)")
+    ap.add_argument("--annotate", metavar="FILE", help="rewrite FILE (a params.yaml) with the generated comments")
     args = ap.parse_args(argv)
+    if args.explain:
+        try:
+            print("\n\n".join(explain(k) for k in args.explain))
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+        return 0
+    if args.annotate:
+        try:
+            load_params(args.annotate)
+            path = Path(args.annotate)
+            path.write_text(annotate(path.read_text(encoding="utf-8")), encoding="utf-8")
+        except (ConfigError, ValueError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"annotated {args.annotate}")
+        return 0
     try:
         data = yaml.safe_load(Path(args.params).read_text(encoding="utf-8"))
         for prof in args.profile:

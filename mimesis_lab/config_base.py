@@ -1,5 +1,7 @@
 """The base of every ``params.yaml`` section and the sub-sections that training and evaluation
-sections both use: an OpenAI-compatible endpoint, a judge, the rollout settings.
+sections both use: an OpenAI-compatible endpoint, a judge, the rollout settings; and
+:class:`Schema`, what the group merge (:mod:`mimesis_lab.config_groups`) and the generated help
+(:mod:`mimesis_lab.config_help`) know of the params file.
 
 :mod:`mimesis_lab.config` (training sections, :class:`~mimesis_lab.config.Params`) and
 :mod:`mimesis_lab.config_eval` (evaluation sections) both import from here; every name is
@@ -7,11 +9,13 @@ re-exported by :mod:`mimesis_lab.config`.
 """
 from __future__ import annotations
 
-from typing import Literal
+from types import UnionType
+from typing import Any, Literal, Mapping, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ConfigError", "Section", "OpenAIEndpoint", "JudgeParams", "RolloutParams", "AgentRolloutParams"]
+__all__ = ["ConfigError", "Section", "OpenAIEndpoint", "JudgeParams", "RolloutParams", "AgentRolloutParams",
+           "SharedGroup", "Schema", "section_model"]
 
 
 class ConfigError(ValueError):
@@ -55,9 +59,46 @@ class RolloutParams(Section):
 
 
 class AgentRolloutParams(RolloutParams):
+    """The agent's generation in the gyms (the simulator's settings, with these read per agent turn)."""
+
+    max_new_tokens: int = Field(64, ge=1, description="Tokens generated per agent turn.")
+    max_prompt_tokens: int = Field(1536, gt=8, description="Not read by the agent rollout, which bounds the "
+                                   "prompt and all turns together by max_total_tokens.")
     max_turns: int = Field(4, ge=1, description="Agent turns per episode (the paper: 16).")
     max_total_tokens: int = Field(2048, gt=16, description="Prompt + all turns; beyond it the episode is invalid "
                                   "`context_overflow`.")
     step_timeout_s: float = Field(120.0, gt=0, description="A gym step (incl. the user's reply) slower than this "
                                   "is invalid `timeout`.")
     show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback (as the reference).")
+
+
+class SharedGroup(NamedTuple):
+    """A ``params.yaml`` section written once and shared by several phase sections (as litgpt reuses
+    ``train: TrainArgs`` in every fine-tuning method)."""
+
+    members: tuple[str, ...]
+    description: str
+
+
+class Schema(NamedTuple):
+    """The root model of a params file, its shared groups, and the keys a group must not hold."""
+
+    root: type[BaseModel]
+    groups: Mapping[str, SharedGroup]
+    per_phase_keys: tuple[str, ...] = ()
+
+    def section(self, name: str) -> type[BaseModel] | None:
+        """The model of a top-level section (by name or alias); a shared group's is its first member's."""
+        name = self.groups[name].members[0] if name in self.groups else name
+        f = next((f for n, f in self.root.model_fields.items() if name in (n, f.alias)), None)
+        return section_model(f.annotation) if f is not None else None
+
+
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field's annotation holds (``X`` or ``X | None``), else None."""
+    if isinstance(annotation, type):
+        return annotation if issubclass(annotation, BaseModel) else None
+    if get_origin(annotation) in (Union, UnionType):
+        found = [m for m in map(section_model, get_args(annotation)) if m is not None]
+        return found[0] if len(found) == 1 else None
+    return None
