@@ -7,9 +7,10 @@
 - ``phase/<phase>`` for every training and evaluation phase (``midtrain``, ``sft``, ``sim_rl``,
   ``agent_sft``, ``agent_grpo``, ``agent_csd``, ``sim_eval``, ``agent_eval``, ``report``) with typed
   parameters: ``profile`` (``tiny`` | ``paper``), ``steps``, ``seed``, ``alpha`` (CSD) and free
-  ``overrides`` (dotted keys). The merged params are validated and written to
-  ``.prefect/params/<flow-run-id>.yaml``; the phase runs the same flow and job as the DVC stage and
-  writes to the same MLflow store (runs started with overrides are not recorded by DVC).
+  ``overrides`` (dotted keys; a shared setting lands in its shared group, e.g. ``agent_rl``). The
+  merged params are validated and written to ``.prefect/params/<flow-run-id>.yaml``; the phase
+  runs the same flow and job as the DVC stage and writes to the same MLflow store (runs started
+  with overrides are not recorded by DVC).
 
 Training deployments run one at a time (deployment ``concurrency_limit`` 1, and a global
 concurrency limit ``mimesis-training`` of 1 shared by every training phase, so two jobs never
@@ -58,8 +59,12 @@ def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
 def merged_params(phase: str, profile: str = "tiny", steps: int | None = None, seed: int | None = None,
                   alpha: float | None = None, overrides: dict[str, Any] | None = None,
                   base: str | Path = ROOT / "params.yaml") -> dict[str, Any]:
-    """params.yaml + the profile + the typed overrides + ``overrides``; validated (raises ConfigError)."""
-    from mimesis_lab.config import merge_profile, parse_params
+    """params.yaml + the profile + the typed overrides + ``overrides``; validated (raises ConfigError).
+
+    An override of a setting that the phase takes from its shared group (``agent_rl``, ``sft_run``) is
+    written to the group, so ``agent_grpo`` and ``agent_csd`` stay siblings by construction; a key the
+    phase section writes itself, and ``alpha`` (``agent_csd.csd.alpha``), stay in the phase section."""
+    from mimesis_lab.config import merge_profile, override_target, parse_params
 
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
@@ -68,20 +73,10 @@ def merged_params(phase: str, profile: str = "tiny", steps: int | None = None, s
     data = yaml.safe_load(Path(base).read_text())
     if PROFILES[profile]:
         data = merge_profile(data, yaml.safe_load((ROOT / PROFILES[profile]).read_text()))
-    from mimesis_lab.config import SIBLING_KEYS
-
     data = copy.deepcopy(data)
-    siblings = ("agent_grpo", "agent_csd")
 
     def put(key: str, value: Any) -> None:
-        """Set ``key``; a sibling-checked field of agent_grpo/agent_csd is set in both (they stay
-        siblings, so MLflow keeps comparing like with like)."""
-        set_dotted(data, key, value)
-        head, _, rest = key.partition(".")
-        if head in siblings and rest.split(".")[0] in SIBLING_KEYS + ("steps",):
-            other = siblings[1 - siblings.index(head)]
-            if data.get(other) is not None:
-                set_dotted(data, f"{other}.{rest}", copy.deepcopy(value))
+        set_dotted(data, override_target(data, key), value)
 
     if steps is not None:
         put(f"{phase}.steps", int(steps))

@@ -4,6 +4,13 @@
 (``Field(description=...)``), unknown keys are errors, and types are strict
 (``"1"`` is not an int). :func:`load_params` turns any problem into a
 :class:`ConfigError` whose message names the file and the dotted key.
+
+Settings that sibling phases share are written once, in a shared group (:data:`SHARED_GROUPS`:
+``sft_run`` for midtrain/sft/agent_sft, ``agent_rl`` for agent_grpo/agent_csd), and merged under
+each phase section before validation (:mod:`mimesis_lab.config_groups`), so ``params.agent_csd.lr``
+is complete. The help (``--explain KEY``, the ``#:`` comments of params.yaml) is generated from the
+descriptions (:mod:`mimesis_lab.config_help`). Shared sub-sections live in
+:mod:`mimesis_lab.config_base`, the evaluation sections in :mod:`mimesis_lab.config_eval`.
 """
 from __future__ import annotations
 
@@ -13,19 +20,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mimesis_lab import config_groups, config_help
+from mimesis_lab.config_base import (AgentRolloutParams, ConfigError, JudgeParams, OpenAIEndpoint,  # noqa: F401
+                                     RolloutParams, Schema, Section, SharedGroup)
+from mimesis_lab.config_eval import (AgentEvalParams, DiscriminatorParams, EvalPartnerParams,  # noqa: F401
+                                     EvalSimulatorParams, EvalUserParams, ReportParams, SimEvalParams)
 from mimesis_lab.envs.gyms.registry import ALL_GYMS, TRAIN_GYMS
 
 DEFAULT_PARAMS = Path("params.yaml")
-
-
-class ConfigError(ValueError):
-    """A params file that does not validate; the message names file and key."""
-
-
-class Section(BaseModel):
-    """Base of every section: strict types, unknown keys rejected, immutable."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class TrackingParams(Section):
@@ -84,15 +86,6 @@ class ThoughtTraceParams(Section):
     max_message_chars: int = Field(32_000, gt=0, description="Messages longer than this quarantine the conversation.")
     chunk_mb: float = Field(16.0, gt=0, description="Input is processed in chunks of about this many MiB (bounded memory).")
     output: str = Field("data/processed/thoughttrace.parquet", description="Output parquet path.")
-
-
-class OpenAIEndpoint(Section):
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL (…/v1).")
-    model: str = Field("annotator", description="Model name sent in the request.")
-    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key (may be unset).")
-    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
-    max_retries: int = Field(2, ge=0, description="Retries after a failed or schema-invalid answer.")
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
 
 
 class BehaviorsParams(Section):
@@ -185,7 +178,7 @@ class AgentTracesParams(Section):
 
     gyms_dir: str = Field("data/gyms", description="Output folder of the `gyms` stage ({train,val}.parquet are read).")
     show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback; must equal "
-                              "agent_grpo.rollout.show_reward so SFT and RL see the same interface.")
+                              "agent_rl.rollout.show_reward so SFT and RL see the same interface.")
     max_steps: int = Field(16, ge=1, description="Gym steps per oracle episode.")
     output_dir: str = Field("data/agent_sft", description="Writes <output_dir>/{train,val}.parquet (column "
                             "`messages`: prompt, then alternating assistant replies and tool feedback).")
@@ -277,27 +270,6 @@ class SimTaskParams(Section):
     max_rows: int | None = Field(None, gt=0, description="Use at most this many task rows (null: all).")
 
 
-class RolloutParams(Section):
-    backend: Literal["transformers", "vllm"] = Field(
-        "transformers", description="Generation backend of the policy (vllm: GPU only, refreshed every step).")
-    batch_size: int = Field(16, ge=1, description="Prompts per generation call (transformers backend).")
-    max_new_tokens: int = Field(64, ge=1, description="Tokens generated per simulator turn.")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (log-probs are always at T=1).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    max_prompt_tokens: int = Field(1536, gt=8, description="A longer simulator prompt ends the episode as "
-                                   "invalid `context_overflow`.")
-    gpu_memory_utilization: float = Field(0.4, gt=0, lt=1, description="vLLM only.")
-    prefix_cache_tokens: int = Field(65536, ge=0, description="transformers backend: KV of finished turns kept "
-                                     "(tokens) and reused by the episode's next prompt within a step; 0 = off.")
-
-
-class JudgeParams(Section):
-    kind: Literal["rule", "openai"] = Field("rule", description="`rule`: deterministic offline judge; "
-                                            "`openai`: LLM judge with strict JSON verdicts.")
-    openai: OpenAIEndpoint = Field(default_factory=lambda: OpenAIEndpoint(model="judge"),
-                                   description="Endpoint of the `openai` judge.")
-
-
 class RLPhaseParams(Section):
     """Settings shared by the RL phases (``sim_rl``, ``agent_grpo``): batch shape, PPO-clip update,
     optimizer, checkpoints and launch."""
@@ -331,7 +303,8 @@ class SimRLParams(RLPhaseParams):
     """Joint multi-domain simulator RL with FoldGRPO (SPEC §2.3–2.4, §6)."""
 
     init_from: str = Field(description="Hugging Face folder of the starting policy (the SFT model).")
-    tasks: dict[str, SimTaskParams] = Field(description="data_source -> task settings; sampled by weight.")
+    tasks: dict[str, SimTaskParams] = Field(description="The joint multi-domain mixture: data_source -> its "
+                                            "weight p(d), rows and turn budget; tasks are sampled by weight.")
     kb: str = Field("data/raw/abcd/kb.json", description="ABCD kb.json for the scripted support agent.")
     guidelines: str = Field("data/raw/abcd/guidelines.json", description="ABCD guidelines.json.")
     judge: JudgeParams = Field(default_factory=JudgeParams, description="Behaviour judge.")
@@ -365,15 +338,6 @@ class AgentUserParams(Section):
     max_new_tokens: int = Field(64, ge=1, description="Tokens per simulated user reply.")
     temperature: float = Field(1.0, ge=0, description="Simulator sampling temperature.")
     timeout_s: float = Field(60.0, gt=0, description="Per-reply timeout (a timeout makes the episode invalid).")
-
-
-class AgentRolloutParams(RolloutParams):
-    max_turns: int = Field(4, ge=1, description="Agent turns per episode (the paper: 16).")
-    max_total_tokens: int = Field(2048, gt=16, description="Prompt + all turns; beyond it the episode is invalid "
-                                  "`context_overflow`.")
-    step_timeout_s: float = Field(120.0, gt=0, description="A gym step (incl. the user's reply) slower than this "
-                                  "is invalid `timeout`.")
-    show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback (as the reference).")
 
 
 class AgentGRPOParams(RLPhaseParams):
@@ -429,28 +393,15 @@ class CSDParams(Section):
     coach: CoachParams = Field(default_factory=CoachParams, description="The coach.")
 
 
-# Fields of agent_csd that must equal agent_grpo's, so the two runs are siblings (same initial
-# agent, data, user, rollout and update settings; only the CSD term and the output differ).
-SIBLING_KEYS = ("init_from", "data", "gyms", "user", "rollout", "gamma", "zero_credit", "invalid_policy",
-                "deepspeed_config", "steps", "prompts_per_step", "rollouts_per_prompt", "ppo_epochs", "minibatches",
-                "micro_rows", "clip_eps", "adv_eps", "lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "beta1",
-                "beta2", "world_size", "seed")
-
-
 class AgentCSDParams(AgentGRPOParams):
-    """Multi-turn GRPO + CSD (SPEC §3.3); every other field as in ``agent_grpo``."""
+    """Multi-turn GRPO + CSD (SPEC §3.3); every other field as in ``agent_grpo`` (both read ``agent_rl``)."""
 
     csd: CSDParams = Field(default_factory=CSDParams, description="The CSD term.")
     output_dir: str = Field("models/agent_csd", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
-    sibling_check: bool = Field(True, description="Require the SIBLING_KEYS fields to equal agent_grpo's.")
-
-
-# the evaluation sections live in their own module (it imports the classes above)
-from mimesis_lab.config_eval import AgentEvalParams, ReportParams, SimEvalParams  # noqa: E402
 
 
 class Params(Section):
-    """The whole ``params.yaml``."""
+    """The whole ``params.yaml``, its shared groups resolved into the phase sections (:data:`SHARED_GROUPS`)."""
 
     tracking: TrackingParams = Field(default_factory=TrackingParams, description="MLflow tracking.")
     role_swap: RoleSwapParams = Field(description="User-side mid-training data (role swap).")
@@ -482,39 +433,89 @@ class Params(Section):
         for name in self.role_swap.no_swap_sources:
             if "/" in name or name.endswith(".jsonl"):
                 raise ValueError(f"role_swap.no_swap_sources entries are source names (file stems), got {name!r}")
-        if self.agent_grpo is not None and self.agent_grpo.rollout.show_reward != self.agent_traces.show_reward:
-            raise ValueError("agent_traces.show_reward must equal agent_grpo.rollout.show_reward (the SFT traces "
-                             "and the RL rollouts must show the agent the same tool feedback)")
-        if self.agent_csd is not None and self.agent_grpo is not None and self.agent_csd.sibling_check:
-            diff = [k for k in SIBLING_KEYS if getattr(self.agent_csd, k) != getattr(self.agent_grpo, k)]
-            if diff:
-                raise ValueError(f"agent_csd differs from agent_grpo in {diff}: the CSD run must be the GRPO run's "
-                                 "sibling (same initial agent, data, seed and settings); set "
-                                 "agent_csd.sibling_check: false to compare deliberately different runs")
+        for phase in ("agent_grpo", "agent_csd"):
+            rl = getattr(self, phase)
+            if rl is not None and rl.rollout.show_reward != self.agent_traces.show_reward:
+                raise ValueError(f"agent_traces.show_reward ({self.agent_traces.show_reward}) must equal the agent "
+                                 f"rollouts' show_reward ({phase}: {rl.rollout.show_reward}; written in "
+                                 "agent_rl.rollout unless the phase overrides it): the SFT traces and the RL rollouts "
+                                 "must show the agent the same tool feedback")
         return self
 
 
-def _format_error(path: Path, err: ValidationError) -> str:
-    lines = []
+#: Shared groups: group section -> the phase sections it is merged under. A phase section holds
+#: what differs and may override any key of its group (a deliberate ablation writes the key there).
+SHARED_GROUPS: dict[str, SharedGroup] = {
+    "sft_run": SharedGroup(("midtrain", "sft", "agent_sft"), "Settings shared by the SFT-style phases midtrain, "
+                           "sft and agent_sft (loss mask, lengths, optimizer, schedule, checkpoints, launch); each "
+                           "phase section holds what differs and may override any key written here."),
+    "agent_rl": SharedGroup(("agent_grpo", "agent_csd"), "Settings shared by the two agent RL runs, agent_grpo "
+                            "and agent_csd (initial agent, data, user, rollout, update, launch): written once, so "
+                            "the runs are siblings by construction. A phase section may override a key (ablation)."),
+}
+#: Keys a shared group must not hold: two phases writing one folder would overwrite each other.
+PER_PHASE_KEYS = ("output_dir",)
+
+
+#: What the group merge and the generated help know of ``params.yaml``.
+SCHEMA = Schema(Params, SHARED_GROUPS, PER_PHASE_KEYS)
+
+
+def resolve_groups(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a params mapping as written) with each shared group merged under its member phase
+    sections and removed: every phase section complete, as ``parse_params`` validates it. Scripts that
+    edit a phase's settings in the mapping start from this form. A file without groups is returned as is."""
+    return config_groups.resolve(data, SCHEMA)[0]
+
+
+def override_target(data: dict[str, Any], key: str) -> str:
+    """Where an override of the dotted ``key`` belongs in ``data`` (a params mapping as written): a
+    setting a phase takes from its shared group is written to the group (``agent_csd.lr`` ->
+    ``agent_rl.lr``), so the group's phases keep sharing it; a key the phase section writes itself
+    (a deliberate override) or one that is not shared (``agent_csd.csd.alpha``) stays as given."""
+    return config_groups.override_target(data, key, SCHEMA)
+
+
+def _format_error(path: Path, err: ValidationError, origins: dict[tuple, tuple] | None = None) -> str:
+    """One line per problem, naming the key where it is written; a shared group's key that fails in
+    several phases is named once (an unknown key that only some phases reject says which)."""
+    origins = origins or {}
+    lines: dict[str, tuple[bool, set[str]]] = {}     # line -> (unknown key?, phases the group key failed in)
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key `{key}`")
+        loc = tuple(str(p) for p in e["loc"])
+        written = config_groups.written_at(loc, origins)
+        key = ".".join(written)
+        if not loc:
+            line = f"{path}: {e['msg']}"
+        elif e["type"] == "extra_forbidden":
+            line = f"{path}: unknown key `{key}`"
         else:
             got = repr(e.get("input"))
             got = got if len(got) <= 200 else got[:200] + "…"
-            lines.append(f"{path}: `{key}`: {e['msg']} (got {got})")
-    return "\n".join(lines)
+            line = f"{path}: `{key}`: {e['msg']} (got {got})"
+        unknown, phases = lines.setdefault(line, (e["type"] == "extra_forbidden", set()))
+        phases.update([loc[0]] if written != loc else [])
+    out = []
+    for line, (unknown, phases) in lines.items():
+        if unknown and phases:
+            group = next(src[0] for dst, src in origins.items() if dst[0] in phases)
+            merged_into = {dst[0] for dst, src in origins.items() if src[0] == group}
+            if phases != merged_into:
+                line += f" (not a key of {', '.join(sorted(phases))}: write it in the phase sections that have it)"
+        out.append(line)
+    return "\n".join(out)
 
 
 def parse_params(data: Any, source: str | Path = "<params>") -> Params:
-    """Validate an already-loaded mapping; raise :class:`ConfigError` naming each bad key."""
+    """Resolve the shared groups (:func:`resolve_groups`), then validate; raise :class:`ConfigError`
+    naming each bad key where it is written (``agent_rl.lr`` for a bad shared value)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    resolved, origins = config_groups.resolve(data, SCHEMA, source)
     try:
-        return Params.model_validate(data)
+        return Params.model_validate(resolved)
     except ValidationError as err:
-        raise ConfigError(_format_error(Path(str(source)), err)) from None
+        raise ConfigError(_format_error(Path(str(source)), err, origins)) from None
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
@@ -545,11 +546,22 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def merge_profile(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge a profile (e.g. ``configs/paper/params.paper.yaml``) onto ``params.yaml`` data."""
+    """Deep-merge a profile (e.g. ``configs/paper/params.paper.yaml``) onto ``params.yaml`` data, both as
+    written (shared groups unresolved: a profile's ``agent_rl`` lands on params.yaml's ``agent_rl``)."""
     out = dict(base)
     for k, v in overrides.items():
         out[k] = merge_profile(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return out
+
+
+def explain(key: str) -> str:
+    """Type, default and description of a dotted key (``agent_rl.lr``, ``agent_csd.csd.alpha``)."""
+    return config_help.explain(key, SCHEMA)
+
+
+def annotate(text: str) -> str:
+    """A params YAML with a generated ``#:`` comment (description, default) above each key."""
+    return config_help.annotate(text, SCHEMA)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Validates the params (with profiles merged on top, in order) and writes the merged
     file when ``-o`` is given; prints the errors, naming each key, otherwise.
+    ``--explain KEY`` prints a key's type, default and description; ``--annotate FILE`` validates
+    FILE and rewrites it with a ``#:`` comment above every key (run it after changing a description).
     """
     import argparse
     import sys
@@ -565,7 +579,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=str(DEFAULT_PARAMS))
     ap.add_argument("--profile", action="append", default=[], help="profile YAML merged on top (repeatable)")
     ap.add_argument("-o", "--output", help="write the merged, validated params here")
+    ap.add_argument("--explain", metavar="KEY", action="append", default=[],
+                    help="print type, default and description of a dotted key, e.g. agent_rl.lr (repeatable)")
+    ap.add_argument("--annotate", metavar="FILE", help="rewrite FILE (a params.yaml) with the generated comments")
     args = ap.parse_args(argv)
+    if args.explain:
+        try:
+            print("\n\n".join(explain(k) for k in args.explain))
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+        return 0
+    if args.annotate:
+        try:
+            load_params(args.annotate)
+            path = Path(args.annotate)
+            path.write_text(annotate(path.read_text(encoding="utf-8")), encoding="utf-8")
+        except (ConfigError, ValueError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"annotated {args.annotate}")
+        return 0
     try:
         data = yaml.safe_load(Path(args.params).read_text(encoding="utf-8"))
         for prof in args.profile:

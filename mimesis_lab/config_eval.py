@@ -1,7 +1,8 @@
 """Validated params of the evaluation phases: ``sim_eval``, ``agent_eval`` and ``report`` (SPEC §4).
 
-Imported by :mod:`mimesis_lab.config` (which owns :class:`Params`); kept apart so that module
-stays readable. Every field has a help text; unknown keys are errors.
+Imported by :mod:`mimesis_lab.config` (which owns :class:`Params` and re-exports these names);
+kept apart so that module stays readable. Both build on :mod:`mimesis_lab.config_base`. Every
+field has a help text; unknown keys are errors.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mimesis_lab.config import AgentRolloutParams, JudgeParams, OpenAIEndpoint, Section
+from mimesis_lab.config_base import AgentRolloutParams, JudgeParams, OpenAIEndpoint, Section
 from mimesis_lab.envs.gyms.registry import ALL_GYMS
 
 __all__ = ["EvalSimulatorParams", "EvalPartnerParams", "DiscriminatorParams", "SimEvalParams", "EvalUserParams",

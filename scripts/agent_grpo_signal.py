@@ -141,6 +141,8 @@ def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str
           traces_fn: Callable[[list[dict]], list[dict]] | None = None, init_from: Path | None = None) -> Path:
     """Write the rows, the warm-started agent and ``params.yaml`` under ``out``; return the params path.
     With ``init_from`` (a local Hugging Face checkpoint) that model is the initial agent: no warm start."""
+    from mimesis_lab.config import resolve_groups
+
     out.mkdir(parents=True, exist_ok=True)
     rows = travel_rows()
     pl.DataFrame(rows).write_parquet(out / "travel.parquet")
@@ -149,11 +151,11 @@ def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str
     else:
         info = {"init_from": str(Path(init_from).resolve()), "warm_start": "none"}
     (out / "warm_start.json").write_text(json.dumps(info, indent=2))
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = resolve_groups(yaml.safe_load((ROOT / "params.yaml").read_text()))   # agent_grpo in full
     params["tracking"].update(tracking_uri=tracking_uri or f"sqlite:///{out / 'mlflow.db'}",
                               artifact_location=str(out / "mlflow-artifacts"), experiment=experiment,
                               agent_model="mimesis-agent-signal")
-    params.pop("agent_csd", None)   # its sibling check compares it with the agent_grpo edited here
+    params.pop("agent_csd", None)   # only agent_grpo is set up here (csd_validity adds its own agent_csd)
     cfg = params["agent_grpo"]
     cfg.update(init_from=str(Path(init_from).resolve() if init_from else out / "init"), data=str(out / "travel.parquet"), gyms={"travel": 1.0},
                deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=steps, prompts_per_step=prompts,

@@ -1,16 +1,14 @@
 """CSD wired into the agent job (SPEC §3.3): turn alignment with the simulator's replies, the
 teacher forward on left-padded rows, the loss term inside the PPO update (value and gradient
-against a hand-built teacher), the coach-endpoint precheck, leak dropping, placebo rows from
-another episode, and the sibling check between ``agent_grpo`` and ``agent_csd``."""
+against a hand-built teacher), the coach-endpoint precheck, leak dropping and placebo rows from
+another episode. How ``agent_csd`` shares ``agent_grpo``'s settings (``agent_rl``): tests/test_config.py."""
 from __future__ import annotations
 
-import copy
 import random
 import types
 
 import pytest
 import torch
-import yaml
 
 from mimesis_lab.jobs.agent_csd import CSD
 from mimesis_lab.rl.csd import history_before, teacher_logprobs, turn_alignment, turn_positions
@@ -200,21 +198,6 @@ def test_coach_endpoint_must_differ_from_the_simulator(tiny):
     with pytest.raises(ValueError, match="same"):
         CSD(bad, tok, tasks={}, pad_id=0, forbidden_urls=["http://127.0.0.1:8000/v1"])
     CSD(bad, tok, tasks={}, pad_id=0, forbidden_urls=["http://127.0.0.1:8002/v1"]).close()
-
-
-def test_params_sibling_check():
-    from mimesis_lab.config import ConfigError, parse_params
-
-    data = yaml.safe_load((ROOT / "params.yaml").read_text())
-    parse_params(copy.deepcopy(data))
-    bad = copy.deepcopy(data)
-    bad["agent_csd"]["seed"] = 99
-    with pytest.raises(ConfigError, match="sibling"):
-        parse_params(bad)
-    bad["agent_csd"]["sibling_check"] = False
-    parse_params(bad)
-    paper = yaml.safe_load((ROOT / "configs/paper/params.paper.yaml").read_text())
-    assert paper  # the paper profile still parses with the CSD section (see test_config)
 
 
 def test_teacher_from_the_student_prefix_cache_matches_full_rows(tiny):

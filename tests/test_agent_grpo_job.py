@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from mimesis_lab.config import resolve_groups
 from scripts.agent_grpo_signal import serve_user
 from tests.conftest import ROOT
 
@@ -72,9 +73,8 @@ def job(tmp_path_factory):
     rows = _gym_rows(tmp / "gyms.parquet")
     _agent(tmp, rows)
     srv = serve_user(lambda raw: REPLY)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = resolve_groups(yaml.safe_load((ROOT / "params.yaml").read_text()))   # agent_grpo in full
     params["tracking"]["enabled"] = False
-    params.pop("agent_csd", None)   # its sibling check compares it with the agent_grpo edited here
     cfg = params["agent_grpo"]
     cfg.update(init_from=str(tmp / "agent"), data=str(tmp / "gyms.parquet"), gyms={"travel": 1.0, "persuade": 1.0},
                deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=2, prompts_per_step=2,

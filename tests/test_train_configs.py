@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mimesis_lab.config import load_params, parse_params
+from mimesis_lab.config import load_params, parse_params, resolve_groups
 from mimesis_lab.train.runtime import TrainConfigError, load_ds_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny" / "ds_zero2.json"
 PAPER = ROOT / "configs" / "paper"
 TINY_RL = ROOT / "configs" / "tiny" / "ds_rl.json"
-DS_FILES = [TINY, TINY_RL, PAPER / "ds_midtrain.json", PAPER / "ds_sft.json", PAPER / "ds_sim_rl.json"]
+DS_FILES = [TINY, TINY_RL, PAPER / "ds_midtrain.json", PAPER / "ds_sft.json", PAPER / "ds_sim_rl.json",
+            PAPER / "ds_agent_rl.json"]
 # top-level keys we allow ourselves (DeepSpeed silently ignores unknown top-level keys: a typo
 # such as "gradient_cliping" would otherwise pass its parser)
 KNOWN_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -97,8 +98,31 @@ def test_paper_profile_validates_with_the_paper_settings(paper_params):
     assert load_ds_config(ROOT / r.deepspeed_config)["managed_gradient_accumulation"] is False
 
 
+def test_paper_profile_encodes_the_agent_settings_of_spec_3_2(paper_params):
+    """SPEC §3.2: Qwen3-8B from an SFT checkpoint, 100 steps, 8 rollouts/prompt, <= 16 turns, lr 1e-6,
+    gamma 0.8, T = 1.0 in training and 0 in evaluation, prompt 1,152 + response 8,192 tokens, vLLM,
+    16 x A100; §3.3: CSD alpha 0.01, beta 5.0."""
+    p = paper_params
+    assert p.agent_sft.init_from == "checkpoints/Qwen3-8B"          # the actor (a placeholder local path)
+    for rl in (p.agent_grpo, p.agent_csd):                          # both read agent_rl: siblings
+        assert rl.init_from == f"{p.agent_sft.output_dir}/final"    # RL starts from the SFT checkpoint
+        assert (rl.steps, rl.rollouts_per_prompt, rl.lr, rl.gamma, rl.world_size) == (100, 8, 1e-6, 0.8, 16)
+        assert (rl.rollout.backend, rl.rollout.max_turns, rl.rollout.temperature) == ("vllm", 16, 1.0)
+        assert rl.rollout.max_total_tokens == 1152 + 8192           # one budget for prompt + response
+        assert rl.prompts_per_step % rl.world_size == 0             # whole groups per rank
+        assert rl.deepspeed_config == "configs/paper/ds_agent_rl.json"
+    assert p.agent_grpo.model_dump(exclude={"output_dir"}) == p.agent_csd.model_dump(exclude={"output_dir", "csd"})
+    assert (p.agent_csd.csd.alpha, p.agent_csd.csd.beta) == (0.01, 5.0)
+    assert (p.agent_eval.rollout.temperature, p.agent_eval.rollout.max_turns) == (0.0, 16)   # evaluation
+    ds = _ds(ROOT / p.agent_grpo.deepspeed_config)
+    assert ds.zero_optimization_stage == 3 and ds.bfloat16_config.enabled
+    assert load_ds_config(ROOT / p.agent_grpo.deepspeed_config)["managed_gradient_accumulation"] is False
+    sft = _ds(ROOT / p.agent_sft.deepspeed_config)               # the SFT batch splits over 16 ranks
+    assert sft.train_batch_size % (sft.train_micro_batch_size_per_gpu * p.agent_sft.world_size) == 0
+
+
 def test_rl_configs_own_the_accumulation_boundary():
-    for path in (TINY_RL, PAPER / "ds_sim_rl.json"):
+    for path in (TINY_RL, PAPER / "ds_sim_rl.json", PAPER / "ds_agent_rl.json"):
         assert load_ds_config(path)["managed_gradient_accumulation"] is False
     assert load_params(ROOT / "params.yaml").sim_rl.deepspeed_config == "configs/tiny/ds_rl.json"
 
@@ -109,7 +133,9 @@ def test_paper_profile_only_overrides_existing_keys():
                                                for x in keys(v, f"{prefix}{k}.")}
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     over = yaml.safe_load((PAPER / "params.paper.yaml").read_text())
-    assert keys(over) <= keys(base), keys(over) - keys(base)
+    # a key of a phase section may also be one it takes from its shared group (midtrain.max_len: sft_run)
+    known = keys(base) | keys(resolve_groups(base))
+    assert keys(over) <= known, keys(over) - known
 
 
 def test_hostfile_and_launch_recipe():
