@@ -89,19 +89,27 @@ class ThoughtTraceParams(Section):
 
 
 class BehaviorsParams(Section):
+    """Behaviour annotation of ThoughtTrace (SPEC §2.4, taxonomy building): the annotations and their
+    in-sample frequency table."""
+
     annotator: Literal["rule", "openai"] = Field(
         "rule", description="`rule`: deterministic transparent cues (offline default); `openai`: LLM annotator."
     )
     openai: OpenAIEndpoint = Field(default_factory=OpenAIEndpoint, description="Endpoint for the `openai` annotator.")
+    annotations_output: str = Field("data/processed/behavior_annotations.parquet", description="Annotation rows.")
+    frequencies_output: str = Field("data/processed/behavior_frequencies.parquet", description="In-sample counts.")
+
+
+class BehaviorTasksParams(Section):
+    """Grounded ABCD behaviour-task rows for simulator RL (SPEC §2.4, the rollout input rows)."""
+
     abcd_input: str = Field("data/raw/abcd/abcd_v1.1.json", description="ABCD conversations ({train,dev,test} or a list).")
     kb: str = Field("data/raw/abcd/kb.json", description="ABCD kb.json: subflow -> required action buttons.")
     guidelines: str = Field("data/raw/abcd/guidelines.json", description="ABCD guidelines.json (agent manual).")
     neutral_share: float = Field(1 / 3, ge=0, le=1, description="Share of behaviour-task rows that are neutral.")
     turn_budget: int = Field(8, gt=0, description="Maximum simulated user turns per behaviour rollout.")
     seed: int = Field(1234, description="Seed for behaviour assignment.")
-    annotations_output: str = Field("data/processed/behavior_annotations.parquet", description="Annotation rows.")
-    frequencies_output: str = Field("data/processed/behavior_frequencies.parquet", description="In-sample counts.")
-    tasks_output: str = Field("data/processed/behavior_tasks.parquet", description="ABCD behaviour-task rows.")
+    output: str = Field("data/processed/behavior_tasks.parquet", description="ABCD behaviour-task rows.")
 
 
 class SplitsParams(Section):
@@ -406,7 +414,9 @@ class Params(Section):
     tracking: TrackingParams = Field(default_factory=TrackingParams, description="MLflow tracking.")
     role_swap: RoleSwapParams = Field(description="User-side mid-training data (role swap).")
     thoughttrace: ThoughtTraceParams = Field(default_factory=ThoughtTraceParams, description="ThoughtTrace SFT data.")
-    behaviors: BehaviorsParams = Field(default_factory=BehaviorsParams, description="Behaviour annotation and tasks.")
+    behaviors: BehaviorsParams = Field(default_factory=BehaviorsParams, description="Behaviour annotation of ThoughtTrace.")
+    behavior_tasks: BehaviorTasksParams = Field(default_factory=BehaviorTasksParams,
+                                                description="Grounded ABCD behaviour-task rows.")
     splits: SplitsParams = Field(default_factory=SplitsParams, description="Leakage-safe grouped splits.")
     gyms: GymsParams = Field(default_factory=GymsParams, description="UserRL rows of the agent gyms.")
     tokenizer: TokenizerParams = Field(default_factory=TokenizerParams, description="Tokenizer stage.")

@@ -1,14 +1,11 @@
-"""DVC stage ``behaviors``: behaviour annotation of ThoughtTrace + ABCD behaviour-task rows (SPEC §2.4).
+"""DVC stage ``behaviors``: behaviour annotation of ThoughtTrace (SPEC §2.4, taxonomy building).
 
-1. Every ThoughtTrace conversation (``data/processed/thoughttrace.parquet``, column
-   ``turns``) is annotated by the ``rule`` or ``openai`` annotator; an annotator failure
-   quarantines the conversation (``annotator: …``). Frequencies are in-sample counts.
-2. Every valid ABCD conversation gives one candidate behaviour-task row (seeded neutral
-   share, balanced B1..B13); each is checked by the independent grounding check, failures
-   are quarantined (``grounding: …``). Malformed ABCD records are quarantined too.
+Every ThoughtTrace conversation (``data/processed/thoughttrace.parquet``, column ``turns``) is
+annotated by the ``rule`` or ``openai`` annotator; an annotator failure quarantines the
+conversation (``annotator: …``). Frequencies are in-sample counts, not sampling probabilities.
+The ABCD behaviour-task rows are the separate stage ``behavior_tasks``.
 
-Accounting: rows_in = ThoughtTrace conversations + ABCD records; rows_out = annotated
-conversations + task rows written.
+Accounting: rows_in = ThoughtTrace conversations; rows_out = annotated conversations.
 """
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ from typing import Any
 
 import polars as pl
 
-from mimesis_lab.abcd import build_task_rows, check_grounding, load_abcd, load_guidelines, load_kb
 from mimesis_lab.annotators import OpenAIAnnotator
 from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, rule_annotate
 from mimesis_lab.config import Params
@@ -33,11 +29,6 @@ ANNOTATION_SCHEMA = {
     "quote": pl.Utf8, "severity": pl.Int64, "rationale": pl.Utf8, "annotator": pl.Utf8,
 }
 FREQUENCY_SCHEMA = {"behavior": pl.Utf8, "name": pl.Utf8, "count": pl.Int64, "share": pl.Float64}
-TASK_SCHEMA = {
-    "task_id": pl.Utf8, "conversation_id": pl.Utf8, "user_id": pl.Utf8, "scenario_key": pl.Utf8,
-    "scenario": pl.Utf8, "behavior_ids": pl.Utf8, "kwargs": pl.Utf8, "flow": pl.Utf8, "subflow": pl.Utf8,
-    "turn_budget": pl.Int64, "data_source": pl.Utf8, "needs_trace": pl.Boolean, "abcd_split": pl.Utf8,
-}
 REQUIRED_TT_COLUMNS = ("conversation_id", "user_id", "turns")
 
 
@@ -99,45 +90,19 @@ def build(params: Params) -> StageResult:
     tt = read_thoughttrace(tt_path)
     ann = pl.DataFrame(annotate_conversations(tt, params, tt_path, quarantine), schema=ANNOTATION_SCHEMA)
     n_annotated = ann.get_column("conversation_id").n_unique() if ann.height else 0
-
-    abcd_path, kb_path, gl_path = Path(cfg.abcd_input), Path(cfg.kb), Path(cfg.guidelines)
-    kb, guidelines = load_kb(kb_path), load_guidelines(gl_path)
-    records, abcd_in = load_abcd(abcd_path, quarantine)
-    candidates = build_task_rows(records, kb, guidelines, cfg)
-    kept: list[dict[str, Any]] = []
-    rejected: dict[str, int] = {}
-    for rec, row in zip(records, candidates):
-        reason = check_grounding(row, kb, guidelines)
-        if reason is None:
-            kept.append(row)
-            continue
-        b = (row["task_id"].rsplit("-", 1)[-1])
-        rejected[b] = rejected.get(b, 0) + 1
-        quarantine.add(rec.source_file, rec.row, f"grounding: {reason}", to_raw(row))
-    tasks = pl.DataFrame(kept, schema=TASK_SCHEMA)
-
     freq = frequencies(ann, n_annotated)
-    by_behavior = {b: 0 for b in ALL_CODES}
-    for row in kept:
-        by_behavior[row["task_id"].rsplit("-", 1)[-1]] += 1
     extra = {
         "annotator": cfg.annotator,
         "conversations_annotated": n_annotated,
         "annotation_rows": ann.height,
         "behavior_frequencies": {r["behavior"]: r["count"] for r in freq.iter_rows(named=True)},
-        "abcd_records": abcd_in,
-        "task_candidates": len(candidates),
-        "tasks_written": tasks.height,
-        "tasks_by_behavior": by_behavior,
-        "grounding_rejected_by_behavior": rejected,
-        "neutral_share_written": (by_behavior["N"] / tasks.height) if tasks.height else 0.0,
     }
     return StageResult(
-        outputs={cfg.annotations_output: ann, cfg.frequencies_output: freq, cfg.tasks_output: tasks},
-        rows_in=tt.height + abcd_in,
-        rows_out=n_annotated + tasks.height,
+        outputs={cfg.annotations_output: ann, cfg.frequencies_output: freq},
+        rows_in=tt.height,
+        rows_out=n_annotated,
         quarantine=quarantine,
-        inputs=[tt_path, abcd_path, kb_path, gl_path],
+        inputs=[tt_path],
         extra=extra,
     )
 

@@ -41,7 +41,7 @@ from stages.common import metrics_path, quarantine_path  # noqa: E402
 log = logging.getLogger("mimesis.stages")
 
 STAGE = "validate"
-DATA_STAGES = ("role_swap", "thoughttrace", "behaviors", "splits", "gyms")
+DATA_STAGES = ("role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms")
 OUTPUT_ROWS_STAGES = ("role_swap", "thoughttrace")  # stages whose rows_out is their one output's row count
 N_UNEXPECTED = 5       # unexpected values / example rows kept per failure
 MAX_CHARS = 200        # long values (raw records, contents) are cut in the report
@@ -96,7 +96,7 @@ def output_paths(params: Params) -> dict[str, str]:
         "thoughttrace": params.thoughttrace.output,
         "behavior_annotations": b.annotations_output,
         "behavior_frequencies": b.frequencies_output,
-        "behavior_tasks": b.tasks_output,
+        "behavior_tasks": params.behavior_tasks.output,
     }
 
 

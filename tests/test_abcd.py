@@ -12,7 +12,7 @@ from mimesis_lab.abcd import (
     flow_guideline_leaves, load_abcd, load_guidelines, load_kb, policy_applies, scenario_key, task_row,
 )
 from mimesis_lab.behaviors import BEHAVIOR_CODES, TAXONOMY
-from mimesis_lab.config import BehaviorsParams
+from mimesis_lab.config import BehaviorTasksParams
 from mimesis_lab.io import InputFileError, Quarantine
 
 from .conftest import FIXTURES, ROOT, SHARED
@@ -53,7 +53,7 @@ def records(n: int) -> list[AbcdRecord]:
     return [record(i, flow=FLOWS[i % len(FLOWS)][0], subflow=FLOWS[i % len(FLOWS)][1]) for i in range(1, n + 1)]
 
 
-P = BehaviorsParams()
+P = BehaviorTasksParams()
 
 
 # --------------------------------------------------------------------------- loading
@@ -176,7 +176,7 @@ def test_neutral_share_and_balance(n):
 
 
 def test_neutral_share_param():
-    p = BehaviorsParams(neutral_share=0.5, seed=7)
+    p = BehaviorTasksParams(neutral_share=0.5, seed=7)
     rows = build_task_rows(records(40), KB, GUIDELINES, p)
     assert Counter(behaviours(rows))["N"] == 20
 
@@ -186,7 +186,7 @@ def test_assignment_is_seeded_and_deterministic():
     a1 = build_task_rows(recs, KB, GUIDELINES, P)
     assert build_task_rows(recs, KB, GUIDELINES, P) == a1
     assert build_task_rows(list(reversed(recs)), KB, GUIDELINES, P) == list(reversed(a1))  # order-independent
-    other = build_task_rows(recs, KB, GUIDELINES, BehaviorsParams(seed=99))
+    other = build_task_rows(recs, KB, GUIDELINES, BehaviorTasksParams(seed=99))
     assert behaviours(other) != behaviours(a1)
 
 

@@ -244,8 +244,10 @@ def write_project(root: Path, tt_rows: list[dict], abcd: dict, annotator: dict |
     params = {
         "tracking": {"enabled": False},
         "role_swap": {"mixture": {"data/raw/chats/x.jsonl": 1.0}},
-        "behaviors": {"abcd_input": "data/raw/abcd/abcd.json", "kb": "data/raw/abcd/kb.json",
-                      "guidelines": "data/raw/abcd/guidelines.json", **(annotator or {})},
+        "behaviors": {k: v for k, v in (annotator or {}).items() if k in ("annotator", "openai")},
+        "behavior_tasks": {"abcd_input": "data/raw/abcd/abcd.json", "kb": "data/raw/abcd/kb.json",
+                           "guidelines": "data/raw/abcd/guidelines.json",
+                           **{k: v for k, v in (annotator or {}).items() if k not in ("annotator", "openai")}},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     return root / "params.yaml"
@@ -256,7 +258,9 @@ def tt_row(cid, turns, row):
             "turns": turns}
 
 
-def test_stage_end_to_end(in_tmp):
+def test_stages_end_to_end(in_tmp):
+    """`behaviors` annotates ThoughtTrace; `behavior_tasks` turns ABCD into grounded task rows."""
+    from stages.behavior_tasks import main as tasks_main
     from stages.behaviors import main
 
     tt = [tt_row("user1_task1_conversation1", CASES["B9.low_signal_pressure"], 1),
@@ -267,6 +271,7 @@ def test_stage_end_to_end(in_tmp):
     records.append(abcd_record(3))  # duplicate convo_id
     params = write_project(in_tmp, tt, {"train": records[:15], "dev": records[15:]})
     assert main(["--params", str(params), "--no-track"]) == 0
+    assert tasks_main(["--params", str(params), "--no-track"]) == 0
 
     ann = pl.read_parquet("data/processed/behavior_annotations.parquet")
     assert ann.columns == ["conversation_id", "user_id", "behavior", "turns", "quote", "severity", "rationale",
@@ -283,18 +288,20 @@ def test_stage_end_to_end(in_tmp):
     assert set(tasks.get_column("data_source")) == {"usersim_behavior"}
     assert set(tasks.get_column("abcd_split")) == {"train", "dev"}
     assert tasks.schema["turn_budget"] == pl.Int64 and tasks.schema["needs_trace"] == pl.Boolean
-    q = pl.read_parquet("data/quarantine/behaviors.parquet")
+    assert pl.read_parquet("data/quarantine/behaviors.parquet").height == 0
+    q = pl.read_parquet("data/quarantine/behavior_tasks.parquet")
     reasons = q.get_column("reason").to_list()
     assert any(r.startswith("schema:") for r in reasons) and any(r.startswith("duplicate:") for r in reasons)
     # 19 valid: round(19/3) = 6 neutral, 13 behaviours; B4 grounds only on the return_size record
     assert tasks.height + sum(r.startswith("grounding:") for r in reasons) == 19
 
     m = json.loads(Path("metrics/behaviors.json").read_text())
-    assert m["rows_in"] == 3 + 21
-    assert m["rows_out"] == 3 + tasks.height
+    assert (m["rows_in"], m["rows_out"], m["rows_quarantined"]) == (3, 3, 0)
+    assert m["behavior_frequencies"]["B9"] == 1 and m["behavior_frequencies"]["B3"] == 1
+    m = json.loads(Path("metrics/behavior_tasks.json").read_text())
+    assert m["rows_in"] == 21 and m["rows_out"] == tasks.height
     assert m["rows_in"] == m["rows_out"] + m["rows_quarantined"]
     assert m["tasks_by_behavior"]["N"] == 6 and sum(m["tasks_by_behavior"].values()) == tasks.height
-    assert m["behavior_frequencies"]["B9"] == 1 and m["behavior_frequencies"]["B3"] == 1
     assert m["tasks_by_behavior"]["B4"] == 1  # swapped onto the one scenario whose flow has a policy
 
 
@@ -309,17 +316,17 @@ def test_stage_missing_thoughttrace_is_a_file_error(in_tmp, capsys):
 
 def test_stage_quarantines_ungroundable_rows(in_tmp):
     """No scenario can ground B4 (no policy in these flows): its row is quarantined as `grounding: …`."""
-    from stages.behaviors import main
+    from stages.behavior_tasks import main
 
     params = write_project(in_tmp, [tt_row("user1_task1_conversation1", [u("hi")], 1)],
                            [abcd_record(i) for i in range(1, 14)], {"neutral_share": 0.0})
     assert main(["--params", str(params), "--no-track"]) == 0
-    q = pl.read_parquet("data/quarantine/behaviors.parquet")
+    q = pl.read_parquet("data/quarantine/behavior_tasks.parquet")
     assert q.height == 1 and q["reason"].item().startswith("grounding: B4 needs an infeasible_request")
     assert q["source_file"].item() == "data/raw/abcd/abcd.json" and 1 <= q["row"].item() <= 13
     assert json.loads(json.loads(q["raw"].item())["kwargs"]) == dict.fromkeys(TAXONOMY["B4"].kwargs, "")
-    m = json.loads(Path("metrics/behaviors.json").read_text())
-    assert (m["rows_in"], m["rows_out"], m["rows_quarantined"]) == (14, 13, 1)
+    m = json.loads(Path("metrics/behavior_tasks.json").read_text())
+    assert (m["rows_in"], m["rows_out"], m["rows_quarantined"]) == (13, 12, 1)
     assert m["tasks_by_behavior"]["B4"] == 0 and m["grounding_rejected_by_behavior"] == {"B4": 1}
     tasks = pl.read_parquet("data/processed/behavior_tasks.parquet")
     assert tasks.height == 12 and set(tasks["abcd_split"]) == {"all"}

@@ -37,7 +37,7 @@ def test_unknown_section_is_named():
     ("role_swap", "seed", "1234"),
     ("thoughttrace", "include_reactions", "yes"),
     ("splits", "seed", 1.5),
-    ("behaviors", "turn_budget", "8"),
+    ("behavior_tasks", "turn_budget", "8"),
 ])
 def test_wrong_type_is_named(section, key, value):
     d = _params()

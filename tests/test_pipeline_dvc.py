@@ -22,7 +22,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-DATA_STAGES = ["role_swap", "thoughttrace", "behaviors", "splits", "gyms", "validate"]
+DATA_STAGES = ["role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms", "validate"]
 
 
 def _env() -> dict[str, str]:
@@ -65,7 +65,7 @@ def project(tmp_path_factory) -> Path:
 
 def test_full_run_accounts_for_every_row(project):
     assert _ran(project.joinpath("first_run.log").read_text()) == set(DATA_STAGES)
-    for stage in ["role_swap", "thoughttrace", "behaviors", "splits", "gyms"]:
+    for stage in ["role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms"]:
         m = json.loads((project / "metrics" / f"{stage}.json").read_text())
         assert m["rows_in"] == m["rows_out"] + m["rows_quarantined"], stage
         assert (project / "data" / "quarantine" / f"{stage}.parquet").exists()

@@ -120,7 +120,8 @@ def write_project(root: Path, edit: Callable[[dict], None] | None = None) -> Non
     for stage in validate.DATA_STAGES:
         q = QUARANTINE if stage == "role_swap" else QUARANTINE.clear()
         files[f"data/quarantine/{stage}.parquet"] = q
-        rows_out = {"role_swap": 2, "thoughttrace": 2, "behaviors": 2, "splits": 6, "gyms": 13}[stage]
+        rows_out = {"role_swap": 2, "thoughttrace": 2, "behaviors": 2, "behavior_tasks": 2, "splits": 6,
+                    "gyms": 13}[stage]
         files[f"metrics/{stage}.json"] = {"rows_in": rows_out + q.height, "rows_out": rows_out,
                                           "rows_quarantined": q.height,
                                           "quarantine_by_reason": {"malformed JSON": 1} if q.height else {}}

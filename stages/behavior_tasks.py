@@ -1,0 +1,79 @@
+"""DVC stage ``behavior_tasks``: grounded ABCD behaviour-task rows for simulator RL (SPEC §2.4).
+
+Every valid ABCD conversation gives one candidate task row (a seeded neutral share, the 13
+behaviours balanced); each is checked by the independent grounding check (withheld information is
+available to the user, an infeasible request really conflicts with policy), failures are
+quarantined (``grounding: …``). Malformed ABCD records are quarantined too.
+
+Accounting: rows_in = ABCD records; rows_out = task rows written.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from mimesis_lab.abcd import build_task_rows, check_grounding, load_abcd, load_guidelines, load_kb
+from mimesis_lab.behaviors import ALL_CODES
+from mimesis_lab.config import Params
+from mimesis_lab.io import Quarantine, to_raw
+from stages.common import StageResult
+from stages.common import main as stage_main
+
+STAGE = "behavior_tasks"
+
+TASK_SCHEMA = {
+    "task_id": pl.Utf8, "conversation_id": pl.Utf8, "user_id": pl.Utf8, "scenario_key": pl.Utf8,
+    "scenario": pl.Utf8, "behavior_ids": pl.Utf8, "kwargs": pl.Utf8, "flow": pl.Utf8, "subflow": pl.Utf8,
+    "turn_budget": pl.Int64, "data_source": pl.Utf8, "needs_trace": pl.Boolean, "abcd_split": pl.Utf8,
+}
+
+
+def build(params: Params) -> StageResult:
+    cfg = params.behavior_tasks
+    quarantine = Quarantine()
+    abcd_path, kb_path, gl_path = Path(cfg.abcd_input), Path(cfg.kb), Path(cfg.guidelines)
+    kb, guidelines = load_kb(kb_path), load_guidelines(gl_path)
+    records, abcd_in = load_abcd(abcd_path, quarantine)
+    candidates = build_task_rows(records, kb, guidelines, cfg)
+    kept: list[dict[str, Any]] = []
+    rejected: dict[str, int] = {}
+    for rec, row in zip(records, candidates):
+        reason = check_grounding(row, kb, guidelines)
+        if reason is None:
+            kept.append(row)
+            continue
+        b = (row["task_id"].rsplit("-", 1)[-1])
+        rejected[b] = rejected.get(b, 0) + 1
+        quarantine.add(rec.source_file, rec.row, f"grounding: {reason}", to_raw(row))
+    tasks = pl.DataFrame(kept, schema=TASK_SCHEMA)
+    by_behavior = {b: 0 for b in ALL_CODES}
+    for row in kept:
+        by_behavior[row["task_id"].rsplit("-", 1)[-1]] += 1
+    extra = {
+        "abcd_records": abcd_in,
+        "task_candidates": len(candidates),
+        "tasks_written": tasks.height,
+        "tasks_by_behavior": by_behavior,
+        "grounding_rejected_by_behavior": rejected,
+        "neutral_share_written": (by_behavior["N"] / tasks.height) if tasks.height else 0.0,
+    }
+    return StageResult(
+        outputs={cfg.output: tasks},
+        rows_in=abcd_in,
+        rows_out=tasks.height,
+        quarantine=quarantine,
+        inputs=[abcd_path, kb_path, gl_path],
+        extra=extra,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stages.behavior_tasks [--params params.yaml] [--no-track]``."""
+    return stage_main(STAGE, build, lambda p: p.behavior_tasks, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
