@@ -66,6 +66,19 @@ def param_prefix(phase: str) -> str:
     return SHARED_PARAM_PREFIX.get(phase, phase)
 
 
+def retryable(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry only failures a retry can fix: a job that exits with status 2 stopped on a clear
+    user-facing error (bad params, a missing ``init_from``, a checkpoint that cannot be resumed), which
+    would fail the same way again; anything else (a killed or crashed job) resumes from its checkpoint."""
+    from mimesis_lab.train.launch import LaunchError
+
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - an unreadable state: keep the retry policy
+        return True
+    return not (isinstance(exc, LaunchError) and exc.returncode == 2)
+
+
 @task(name="train_phase", log_prints=True)
 def train_phase(phase: str, params_path: str, parent_run_id: str | None,
                 world_size: int | None = None) -> dict[str, Any]:
@@ -147,7 +160,8 @@ def train_flow(phases: list[str], params_path: str = "params.yaml", world_size: 
     try:
         for phase in [p for p in PHASES if p in phases]:
             retries = 2 if phase_params(params, phase).resume == "auto" else 0
-            results[phase] = train_phase.with_options(retries=retries, retry_delay_seconds=5)(
+            results[phase] = train_phase.with_options(retries=retries, retry_delay_seconds=5,
+                                                      retry_condition_fn=retryable)(
                 phase, params_path, parent, world_size)
     except BaseException:
         if parent:

@@ -42,7 +42,7 @@ from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, clea
 from mimesis_lab.train.data import DataPlan, eval_batches, load_rows, target_count
 from mimesis_lab.train.metrics_log import MetricsLog
 from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, job_main, load_ds_config,
-                                       make_engine, say, set_lr)
+                                       make_engine, require_model_folder, say, set_lr)
 from mimesis_lab.train.schedule import lr_at
 
 __all__ = ["PHASES", "train_sft", "main"]
@@ -83,13 +83,15 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     from mimesis_lab.tokenizer import load_tokenizer
 
     cfg = getattr(params, phase)
+    from_scratch = cfg.init_from == "model"
+    if not from_scratch:      # fail before any heavy work, naming the key
+        require_model_folder(f"{phase}.init_from", cfg.init_from)
     rank, world = dist_init()
     if world != cfg.world_size:
         raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
     out_dir = Path(cfg.output_dir)
     ckpt_root = out_dir / CHECKPOINTS
     ds_config = load_ds_config(cfg.deepspeed_config)
-    from_scratch = cfg.init_from == "model"
     fingerprint = run_fingerprint(
         phase, cfg, ds_config, {"train": cfg.train, "val": cfg.val, "init_from": None if from_scratch else cfg.init_from},
         job_module=__name__ if __name__ != "__main__" else "mimesis_lab.jobs.sft",

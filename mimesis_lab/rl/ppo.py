@@ -19,7 +19,8 @@ import torch
 
 from mimesis_lab.rl.losses import ppo_clip_loss
 from mimesis_lab.rl.policy import UpdateRow, micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
-from mimesis_lab.train.runtime import TrainConfigError, all_reduce, load_ds_config, make_engine
+from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, load_ds_config, make_engine,
+                                       require_model_folder)
 
 __all__ = ["load_rl_ds_config", "policy_engine", "ppo_update", "PPOStats", "zero_weight_pass"]
 
@@ -122,6 +123,9 @@ def policy_engine(phase: str, cfg: Any, ds_config: dict[str, Any]):
     from mimesis_lab.models import assert_no_dropout, disable_dropout, load_model
     from mimesis_lab.tokenizer import load_tokenizer
 
+    require_model_folder(f"{phase}.init_from", cfg.init_from)
+    if getattr(getattr(cfg, "user", None), "kind", None) == "simulator":
+        require_model_folder(f"{phase}.user.model_path", cfg.user.model_path)
     tokenizer = load_tokenizer(cfg.init_from)
     torch.manual_seed(cfg.seed)
     model = disable_dropout(load_model(cfg.init_from))

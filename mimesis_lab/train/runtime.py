@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 __all__ = ["TrainConfigError", "dist_init", "say", "all_reduce", "gather", "load_ds_config", "param_groups",
-           "make_engine", "set_lr", "job_main"]
+           "make_engine", "set_lr", "require_model_folder", "job_main"]
 
 
 class TrainConfigError(ValueError):
@@ -169,6 +169,16 @@ def job_main(run: Callable[[str, Any], Any], phases: Sequence[str], prog: str, d
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def require_model_folder(key: str, path: str) -> None:
+    """A clear error naming the params key when ``path`` is not a Hugging Face model folder."""
+    p = Path(path)
+    if not p.is_dir():
+        raise TrainConfigError(f"{key}: {path} does not exist (expected a Hugging Face model folder, e.g. the "
+                               "previous phase's `final/`; run its stage first)")
+    if not (p / "config.json").is_file():
+        raise TrainConfigError(f"{key}: {path} is not a Hugging Face model folder (no config.json)")
 
 
 def make_engine(model: torch.nn.Module, cfg: Any, ds_config: dict[str, Any]):
