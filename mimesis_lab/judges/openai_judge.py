@@ -1,11 +1,11 @@
-"""LLM behaviour judge of the ABCD behaviour task (SPEC §2.4), split from :mod:`.behavior_judge`.
+"""LLM behaviour judge of the ABCD behaviour task (SPEC §2.4); the rule judge is :mod:`.behavior_judge`.
 
-:class:`OpenAIJudge` posts one :class:`~mimesis_lab.judges.behavior_judge.BehaviorJudgeRequest` to
+:class:`OpenAIJudge` posts one :class:`~mimesis_lab.judges.verdict.BehaviorJudgeRequest` to
 ``{base_url}/chat/completions`` with :data:`RESPONSE_FORMAT` (strict JSON schema :data:`VERDICT_SCHEMA`),
 validates the answer with :func:`validate_verdict` and retries a bad answer or a timeout at most
 ``endpoint.max_retries`` times (``k * backoff_s`` between tries). It never raises: the result is a
-:class:`~mimesis_lab.judges.behavior_judge.Verdict` or a
-:class:`~mimesis_lab.judges.behavior_judge.JudgeFailure` (``judge_failure`` | ``timeout``).
+:class:`~mimesis_lab.judges.verdict.Verdict` or a
+:class:`~mimesis_lab.judges.verdict.JudgeFailure` (``judge_failure`` | ``timeout``).
 :func:`judge_messages` builds the prompt (the user's private reasoning only when a private log is given).
 Build either judge kind with :func:`mimesis_lab.judges.behavior_judge.make_judge`.
 """
@@ -21,7 +21,7 @@ import httpx
 from mimesis_lab.behaviors import TAXONOMY
 from mimesis_lab.config import OpenAIEndpoint
 from mimesis_lab.endpoint import ChatEndpoint, EndpointTimeout
-from mimesis_lab.judges.behavior_judge import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, _check
+from mimesis_lab.judges.verdict import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, check_request
 
 __all__ = ["OpenAIJudge", "validate_verdict", "judge_messages", "VERDICT_SCHEMA", "RESPONSE_FORMAT"]
 
@@ -117,7 +117,7 @@ class OpenAIJudge:
             raise ValueError(f"schema: {e}") from None
 
     def judge(self, req: BehaviorJudgeRequest) -> Verdict | JudgeFailure:
-        bad = _check(req)
+        bad = check_request(req)
         if bad:
             return JudgeFailure("judge_failure", bad)
         body = self.request_body(req)
