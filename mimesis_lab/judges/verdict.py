@@ -41,12 +41,14 @@ class Verdict:
     announced: bool
     rationale: str
     extras: dict[str, float] = field(default_factory=dict)  # e.g. {"cooperativeness": …} for N
+    recovered_retries: int = 0  # failed endpoint attempts before this verdict (LLM judge; the rule judge: 0)
 
 
 @dataclass
 class JudgeFailure:
     reason: str  # "judge_failure" | "timeout"
     detail: str
+    transient: bool = False  # the endpoint's retries ran out on a timeout / transport error / 429 / 5xx
 
     def __post_init__(self) -> None:
         if self.reason not in FAILURE_REASONS:
