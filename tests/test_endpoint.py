@@ -190,3 +190,20 @@ def test_endpoint_user_never_retries_an_accepted_answer():
         reply = user_for(server, max_retries=3).respond(VIEW)
     assert reply.text is None and not reply.transient and len(server.requests) == 1
     assert "content is not a string" in reply.error
+
+
+def test_endpoint_user_from_params_takes_key_retries_and_timeout_from_the_config(monkeypatch):
+    from mimesis_lab.config import AgentUserParams
+    from mimesis_lab.rollout.user_side import SHIM_MARGIN_S
+
+    monkeypatch.setenv(KEY_ENV, "sk-train")
+    params = SamplingParams(max_new_tokens=8)
+    with FakeOpenAI([status(500), answer("ok")]) as server:
+        ext = OpenAIEndpoint(base_url="http://upstream.invalid/v1", model="sim", api_key_env=KEY_ENV, max_retries=1)
+        external = EndpointUser.from_params(AgentUserParams(kind="openai", openai=ext, timeout_s=30.0),
+                                            server.base_url, "sim", "ep1", params)
+        assert external.respond(VIEW) == UserReply("ok")
+        local = EndpointUser.from_params(AgentUserParams(timeout_s=30.0), server.base_url, "local", "ep2", params)
+    assert external.base_url == f"{server.base_url}/ep/ep1/v1" and external.timeout_s == 30.0 + SHIM_MARGIN_S
+    assert [r["headers"].get("authorization") for r in server.requests] == ["Bearer sk-train"] * 2  # 1 retry
+    assert local.chat.endpoint.max_retries == 0 and "Authorization" not in local.chat.headers

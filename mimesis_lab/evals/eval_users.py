@@ -314,12 +314,8 @@ class EvalUserSide:
         from mimesis_lab.rollout.user_side import EndpointUser
 
         ucfg = self.cfg
-        ext = ucfg.openai if self.kind == "openai" else None
-        inner = EndpointUser(self.shim.url, self.model, episode=episode,
-                             sampling=SamplingParams(max_new_tokens=ucfg.max_new_tokens, temperature=ucfg.temperature,
-                                                     seed=seed),
-                             timeout_s=ucfg.timeout_s + 5.0, max_retries=ext.max_retries if ext else 0,
-                             api_key_env=ext.api_key_env if ext else None)
+        inner = EndpointUser.from_params(ucfg, self.shim.url, self.model, episode, SamplingParams(
+            max_new_tokens=ucfg.max_new_tokens, temperature=ucfg.temperature, seed=seed))
         return GuardedUser(inner, gym.name, PROMPTED_INSTRUCTION if self.kind == "prompted" else None)
 
     def privileged(self, episode: str) -> list[str]:

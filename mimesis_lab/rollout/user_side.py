@@ -25,7 +25,9 @@ from mimesis_lab.envs.gyms.base import UserReply
 from mimesis_lab.envs.output_format import public_text
 from mimesis_lab.rollout.backends import SamplingParams, sampling_body
 
-__all__ = ["EndpointUser", "episode_base_url"]
+__all__ = ["EndpointUser", "episode_base_url", "SHIM_MARGIN_S"]
+
+SHIM_MARGIN_S = 5.0   # a user's client timeout exceeds its shim's upstream timeout by this much
 
 
 def episode_base_url(base_url: str, episode: str | None) -> str:
@@ -67,6 +69,19 @@ class EndpointUser:
         self.errors = 0
         self.recovered_retries = 0
         self.replies: list[str] = []   # public replies in order (CSD aligns them with the agent's turns)
+
+    @classmethod
+    def from_params(cls, ucfg: Any, shim_url: str, model: str, episode: str,
+                    sampling: SamplingParams) -> "EndpointUser":
+        """One episode's user as the params of a user side configure it (``agent_grpo.user`` /
+        ``agent_csd.user``, or an ``agent_eval`` user: anything with ``kind``, ``openai``, ``timeout_s``),
+        behind a shim started with ``timeout_s=ucfg.timeout_s``: the client waits
+        :data:`SHIM_MARGIN_S` longer than the shim (so the shim answers 502 first, storing nothing);
+        kind ``openai`` sends ``openai.api_key_env``'s key (the shim forwards it upstream) and retries
+        ``openai.max_retries`` times; a local simulator needs no key and gets no retries."""
+        ext = ucfg.openai if ucfg.kind == "openai" else None
+        return cls(shim_url, model, episode=episode, sampling=sampling, timeout_s=ucfg.timeout_s + SHIM_MARGIN_S,
+                   max_retries=ext.max_retries if ext else 0, api_key_env=ext.api_key_env if ext else None)
 
     def respond(self, messages: list[dict[str, str]]) -> UserReply:
         self.calls += 1
