@@ -205,13 +205,13 @@ class ScriptedEvalUser:
         return "Yes." if _words(q) & ref else "No."
 
     def _persuade(self, q: str) -> str:
-        from mimesis_lab.envs.gyms.persuade import _direction
+        from mimesis_lab.envs.gyms.persuade import target_direction
 
         t = self.gym.task
         if self._stance is None:
             self._stance = int(t["initial_stance"])
         if _words(q) & _words(t["claim"] + " " + " ".join(t["reasons"])):
-            self._stance = min(7, max(1, self._stance + _direction(t)))
+            self._stance = min(7, max(1, self._stance + target_direction(t)))
             return f"That addresses one of my concerns, I see your point.\nStance: {self._stance}"
         return f"I'm not convinced yet; that doesn't address my reasons.\nStance: {self._stance}"
 
