@@ -1,4 +1,4 @@
-"""The CSD coach ``h_t = G(H_t, y_t, z_t, x_{t+1})`` (SPEC §3.3 item 3).
+"""The CSD coach ``h_t = G(H_t, y_t, z_t, x_{t+1})`` (SPEC §3.3.3).
 
 For a coached agent turn ``t`` the coach sees the public history ``H_t`` before the agent's
 reply, the simulator's private reasoning ``z_t`` before this turn (``privileged[t-1]``; empty on
