@@ -37,10 +37,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import polars as pl  # noqa: E402
 import torch  # noqa: E402
 
 from mimesis_lab.config import load_params  # noqa: E402
+from mimesis_lab.io import ParquetReadError, read_parquet  # noqa: E402
 from mimesis_lab.models import build_tiny_model  # noqa: E402
 from mimesis_lab.packing import (  # noqa: E402
     collate,
@@ -57,9 +57,10 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
 
 def load_conversations(dataset: str) -> list[list[dict]]:
     path = ROOT / "data" / "processed" / f"{dataset}.parquet"
-    if not path.is_file():
-        sys.exit(f"{path} not found: run `dvc repro {dataset}` first")
-    df = pl.read_parquet(path)
+    try:
+        df = read_parquet(path, f"the {dataset} rows", hint=f"run `dvc repro {dataset}` first")
+    except ParquetReadError as e:
+        sys.exit(str(e))
     copies = df["copies"].to_list() if "copies" in df.columns else [1] * df.height
     convs = []
     for msgs, c in zip(df["messages"].to_list(), copies):

@@ -37,9 +37,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def conversations(path: Path, scale: int) -> list[list[dict]]:
-    import polars as pl
+    from mimesis_lab.io import read_parquet
 
-    base = pl.read_parquet(path, columns=["messages"])["messages"].to_list()
+    base = read_parquet(path, "role-swap rows", columns=["messages"])["messages"].to_list()
     return [[{"role": m["role"], "content": f"{m['content']} #{c}"} for m in conv]
             for c in range(scale) for conv in base]
 
@@ -49,9 +49,10 @@ def get_tokenizer(path: Path | None, data: Path):
 
     if path is not None and path.is_dir():
         return load_tokenizer(path), str(path)
-    import polars as pl
+    from mimesis_lab.io import read_parquet
 
-    texts = [m["content"] for c in pl.read_parquet(data, columns=["messages"])["messages"].to_list() for m in c]
+    texts = [m["content"] for c in read_parquet(data, "role-swap rows", columns=["messages"])["messages"].to_list()
+             for m in c]
     return train_tokenizer(texts, vocab_size=4096, min_frequency=2), "trained in-run (vocab 4096)"
 
 

@@ -186,7 +186,7 @@ INFEASIBLE: tuple[tuple[str, str, str, int], ...] = (
     ("due_amount", r"\bamount due but cannot change it\b",
      "Lower the amount due on my subscription bill.", 0),
 )
-_INFEASIBLE_RX = tuple((k, re.compile(p, re.IGNORECASE), r, d) for k, p, r, d in INFEASIBLE)
+INFEASIBLE_RX = tuple((k, re.compile(p, re.IGNORECASE), r, d) for k, p, r, d in INFEASIBLE)
 
 
 def find_infeasible(scenario: dict[str, Any], guidelines: dict[str, Any]) -> dict[str, str] | None:
@@ -205,7 +205,7 @@ def find_infeasible(scenario: dict[str, Any], guidelines: dict[str, Any]) -> dic
     # "Policy:" lines first, then the sentences closest to the subflow's topic; stable otherwise
     sentences.sort(key=lambda x: (not re.match(r"\s*policy\s*:", x[2], re.I), -len(topic & _tokens(x[2]))))
     for path, leaf, sentence in sentences:
-        for _key, rx, request, delta in _INFEASIBLE_RX:
+        for _key, rx, request, delta in INFEASIBLE_RX:
             m = rx.search(sentence)
             if not m or not policy_applies(sentence, leaf, level):
                 continue

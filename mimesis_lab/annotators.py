@@ -4,16 +4,16 @@ The request asks for structured output (``response_format`` = strict JSON schema
 ``behavior_annotations``: ``{"annotations": [{behavior, turns, quote, severity,
 rationale}]}``). The answer is parsed and checked with
 :func:`mimesis_lab.behaviors.validate_annotations` (behaviour in B1..B13|N, turns that
-exist, severity 1..3, strings). A transport error, an HTTP error status, a body that is
-not JSON, a missing message or a schema-violating answer is retried up to
-``max_retries`` times; after that the result is a failure carrying the last reason — the
-stage quarantines the conversation (``annotator: …``), it is never dropped or turned
-into ``N`` silently.
+exist, severity 1..3, strings). The request goes through the shared retry loop
+(:meth:`mimesis_lab.endpoint.ChatEndpoint.call`): a timeout, transport error, HTTP 429/5xx,
+a body that is not JSON, a missing message or a schema-violating answer is retried up to
+``max_retries`` times (another HTTP 4xx or a refusal is final at once); after that the
+result is a failure carrying the last reason and whether it was transient — the stage
+quarantines the conversation (``annotator: …``), it is never dropped or turned into ``N``
+silently.
 """
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -21,7 +21,7 @@ import httpx
 
 from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, Turn, serialize_conversation, validate_annotations
 from mimesis_lab.config import OpenAIEndpoint
-from mimesis_lab.endpoint import ChatEndpoint
+from mimesis_lab.endpoint import ChatEndpoint, json_answer
 
 ANNOTATION_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -73,12 +73,15 @@ def system_prompt() -> str:
 
 @dataclass
 class AnnotatorResult:
-    """``annotations`` on success, else ``error`` (the last failure's reason)."""
+    """``annotations`` on success, else ``error`` (the last failure's reason) and ``transient`` (the
+    retries ran out on a timeout, transport error, 429 or 5xx: a later run may succeed)."""
 
     annotations: list[dict[str, Any]] | None
     error: str | None = None
     attempts: int = 0
     errors: list[str] = field(default_factory=list)
+    transient: bool = False
+    recovered_retries: int = 0     # failed attempts before the annotations that were used
 
     @property
     def ok(self) -> bool:
@@ -86,13 +89,14 @@ class AnnotatorResult:
 
 
 class OpenAIAnnotator:
-    """Annotates conversations through ``{base_url}/chat/completions`` with bounded retries."""
+    """Annotates conversations through ``{base_url}/chat/completions`` with bounded retries
+    (the shared loop :meth:`mimesis_lab.endpoint.ChatEndpoint.call`, linear backoff)."""
 
     def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None,
                  backoff_s: float | None = None):
         self.endpoint = endpoint
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
-        self.chat = ChatEndpoint(endpoint, client)
+        self.chat = ChatEndpoint(endpoint, client, backoff_s=self.backoff_s)
 
     def close(self) -> None:
         self.chat.close()
@@ -114,29 +118,10 @@ class OpenAIAnnotator:
             "response_format": RESPONSE_FORMAT,
         }
 
-    def _attempt(self, body: dict[str, Any], n_turns: int) -> list[dict[str, Any]]:
-        """One request; raises ``ValueError`` with a short reason on any failure."""
-        content = self.chat.content(body)
-        try:
-            answer = json.loads(content)
-        except ValueError as e:
-            raise ValueError(f"answer is not valid JSON: {e}") from None
-        try:
-            return validate_annotations(answer, n_turns)
-        except ValueError as e:
-            raise ValueError(f"schema: {e}") from None
-
     def annotate(self, turns: Sequence[Turn]) -> AnnotatorResult:
-        body = self.request_body(turns)
-        errors: list[str] = []
-        for attempt in range(self.endpoint.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * attempt)
-            try:
-                rows = self._attempt(body, len(turns))
-            except ValueError as e:
-                errors.append(str(e))
-                continue
-            return AnnotatorResult(rows, None, attempt + 1, errors)
-        n = len(errors)
-        return AnnotatorResult(None, f"failed after {n} attempt{'s' if n != 1 else ''}: {errors[-1]}", n, errors)
+        n_turns = len(turns)
+        res = self.chat.call(self.request_body(turns), json_answer(lambda obj: validate_annotations(obj, n_turns)))
+        errors = [e.detail for e in res.errors]
+        if res.ok:
+            return AnnotatorResult(res.value, None, res.attempts, errors, recovered_retries=res.recovered_retries)
+        return AnnotatorResult(None, res.failure.detail, res.attempts, errors, transient=res.failure.transient)

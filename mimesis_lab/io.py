@@ -2,6 +2,9 @@
 
 File-level problems (missing, unreadable, not a file, a JSON document that does not
 parse) raise :class:`InputFileError`, whose message names the file (and line).
+:func:`read_parquet` is the one parquet reader of the stages and tasks: it raises
+:class:`ParquetReadError` (an :class:`InputFileError`) naming the file and what it was
+read as, for a missing file, an unreadable/corrupt one, or missing columns.
 Row-level problems (malformed JSON line, invalid UTF-8, a field of the wrong type,
 an unknown role, an oversize message, …) become quarantine rows with the file, the
 1-based row number, the reason and the raw record. Schemas are ``msgspec`` structs,
@@ -14,7 +17,7 @@ import glob as _glob
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import msgspec
 import numpy as np
@@ -32,6 +35,49 @@ QUARANTINE_SCHEMA = {
 
 class InputFileError(RuntimeError):
     """A whole input file is unusable; the message names the file (and line)."""
+
+
+class ParquetReadError(InputFileError):
+    """A parquet file cannot serve as ``what`` (see :func:`read_parquet`). ``problem`` is ``missing``
+    (no such file), ``unreadable`` (a folder, not parquet, corrupt) or ``columns`` (it lacks
+    ``missing_columns``); the message names the file and what it was read as."""
+
+    def __init__(self, path: Path, what: str, problem: str, message: str, missing_columns: Sequence[str] = ()):
+        super().__init__(f"{path}: {message}")
+        self.path, self.what, self.problem, self.missing_columns = Path(path), what, problem, list(missing_columns)
+
+
+def read_parquet(path: str | Path, what: str, *, columns: Sequence[str] | None = None,
+                 required: Sequence[str] = (), hint: str = "") -> pl.DataFrame:
+    """The parquet file ``path`` (only ``columns`` if given) as a frame, or :class:`ParquetReadError`.
+
+    ``what`` says what the file is, for the message (``"gym rows"``, ``"dataset 'x'"``); ``hint`` is
+    added to the not-found message (``"run `dvc repro gyms`"``). Every name in ``columns`` and
+    ``required`` must be a column of the file. Messages::
+
+        data/gyms/train.parquet: gym rows not found (run `dvc repro gyms`)
+        data/x.parquet: cannot read dataset 'x' as parquet: ComputeError: …
+        data/x.parquet: dataset 'x' lacks column(s) ['user_id'] (columns: ['a', 'b'])
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ParquetReadError(p, what, "missing", f"{what} not found" + (f" ({hint})" if hint else ""))
+    if p.is_dir():
+        raise ParquetReadError(p, what, "unreadable", f"{what} is a directory, expected a parquet file")
+    need = list(dict.fromkeys([*(columns or ()), *required]))
+    try:
+        if need:
+            names = list(pl.read_parquet_schema(p))
+            absent = [c for c in need if c not in names]
+            if absent:
+                raise ParquetReadError(p, what, "columns", f"{what} lacks column(s) {absent} (columns: {names})",
+                                       absent)
+        return pl.read_parquet(p, columns=list(columns) if columns is not None else None)
+    except ParquetReadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - polars and pyarrow raise several types for a bad file
+        raise ParquetReadError(p, what, "unreadable", f"cannot read {what} as parquet: {type(e).__name__}: {e}"
+                               ) from None
 
 
 @dataclass

@@ -29,7 +29,7 @@ from mimesis_lab import expectations as X
 from mimesis_lab.config import Params
 from mimesis_lab.envs.gyms import experts
 from mimesis_lab.envs.gyms.registry import load_tasks
-from mimesis_lab.io import InputFileError, Quarantine
+from mimesis_lab.io import InputFileError, Quarantine, read_parquet
 from stages.common import StageError, StageResult, main
 
 STAGE = "agent_traces"
@@ -40,12 +40,7 @@ SCHEMA = {"data_source": pl.String, "gym": pl.String, "task_id": pl.String, "spl
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise InputFileError(f"{path}: gym rows not found (run `dvc repro gyms`)")
-    try:
-        rows = pl.read_parquet(path).to_dicts()
-    except Exception as e:  # noqa: BLE001
-        raise InputFileError(f"{path}: not a readable parquet file: {type(e).__name__}: {e}") from None
+    rows = read_parquet(path, "gym rows", hint="run `dvc repro gyms`").to_dicts()
     for i, r in enumerate(rows, 1):
         for k in ("reward_model", "extra_info"):
             if isinstance(r.get(k), str):

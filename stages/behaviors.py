@@ -18,7 +18,7 @@ import polars as pl
 from mimesis_lab.annotators import OpenAIAnnotator
 from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, rule_annotate
 from mimesis_lab.config import Params
-from mimesis_lab.io import InputFileError, Quarantine, to_raw
+from mimesis_lab.io import Quarantine, read_parquet, to_raw
 from stages.common import StageResult
 from stages.common import main as stage_main
 
@@ -33,16 +33,8 @@ REQUIRED_TT_COLUMNS = ("conversation_id", "user_id", "turns")
 
 
 def read_thoughttrace(path: Path) -> pl.DataFrame:
-    if not path.is_file():
-        raise InputFileError(f"{path}: ThoughtTrace parquet not found (run the `thoughttrace` stage first)")
-    try:
-        df = pl.read_parquet(path)
-    except Exception as e:  # noqa: BLE001 - any unreadable parquet is a file-level error
-        raise InputFileError(f"{path}: cannot read parquet: {e}") from None
-    missing = [c for c in REQUIRED_TT_COLUMNS if c not in df.columns]
-    if missing:
-        raise InputFileError(f"{path}: missing column(s) {missing}")
-    return df
+    return read_parquet(path, "ThoughtTrace parquet", required=REQUIRED_TT_COLUMNS,
+                        hint="run the `thoughttrace` stage first")
 
 
 def annotate_conversations(df: pl.DataFrame, params: Params, source: Path,

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from mimesis_lab.config import Params, SplitsParams
-from mimesis_lab.io import InputFileError, Quarantine
+from mimesis_lab.io import Quarantine, read_parquet
 from mimesis_lab.splits import assign_splits, connected_groups
 from stages.common import StageError, StageResult, main
 
@@ -18,17 +18,8 @@ KEY_COLUMNS = {"user_id": "user", "conversation_id": "conv", "scenario_key": "sc
 
 
 def _read(name: str, path: str) -> pl.DataFrame:
-    p = Path(path)
-    if not p.is_file():
-        raise InputFileError(f"{path}: dataset {name!r} not found (run its stage first)")
-    try:
-        df = pl.read_parquet(p)
-    except Exception as e:  # polars raises several error types for unreadable parquet
-        raise InputFileError(f"{path}: cannot read parquet: {e}") from None
-    missing = [c for c in ("user_id", "conversation_id") if c not in df.columns]
-    if missing:
-        raise StageError(f"{path}: dataset {name!r} lacks grouping column(s) {missing}")
-    return df
+    return read_parquet(path, f"dataset {name!r}", required=("user_id", "conversation_id"),
+                        hint="run its stage first")
 
 
 def run_splits(cfg: SplitsParams) -> StageResult:

@@ -27,11 +27,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from mimesis_lab.chat import tokenize_many
 from mimesis_lab.config import Params, TokenizerParams
-from mimesis_lab.io import InputFileError, Quarantine
+from mimesis_lab.io import Quarantine, read_parquet
 from mimesis_lab.tokenizer import (ChatTemplateError, TokenizerLoadError, load_tokenizer, require_chat_template,
                                    train_tokenizer)
 from stages.common import StageError, StageResult, main
@@ -49,15 +47,7 @@ def read_corpus(paths: list[str], quarantine: Quarantine
     convs: list[list[dict[str, Any]]] = []
     sources: list[tuple[str, int]] = []
     for path in paths:
-        p = Path(path)
-        if not p.is_file():
-            raise InputFileError(f"{path}: corpus file not found (run `dvc repro splits` first)")
-        try:
-            df = pl.read_parquet(p, columns=["messages"])
-        except pl.exceptions.ColumnNotFoundError:
-            raise StageError(f"{path}: corpus file has no `messages` column") from None
-        except Exception as e:  # polars raises several error types for unreadable parquet
-            raise InputFileError(f"{path}: cannot read parquet: {e}") from None
+        df = read_parquet(path, "corpus file", columns=["messages"], hint="run `dvc repro splits` first")
         for r, msgs in enumerate(df.get_column("messages").to_list(), start=1):
             rows_in += 1
             msgs = msgs or []

@@ -1,6 +1,8 @@
+import polars as pl
 import pytest
 
-from mimesis_lab.io import InputFileError, Quarantine, load_json_document, read_jsonl
+from mimesis_lab.io import (InputFileError, ParquetReadError, Quarantine, load_json_document, read_jsonl,
+                            read_parquet)
 from stages.role_swap import WildChatRecord
 
 
@@ -106,3 +108,39 @@ def test_iter_line_chunks_whole_lines_any_size(tmp_path):
         chunks = list(iter_line_chunks(p, size))
         assert b"".join(chunks) == p.read_bytes()
         assert all(c.endswith(b"\n") for c in chunks[:-1])
+
+
+# ---- read_parquet: one reader, one named error naming the file and what it is
+def test_read_parquet_reads_the_columns_asked_for(tmp_path):
+    p = tmp_path / "rows.parquet"
+    pl.DataFrame({"user_id": ["u1"], "conversation_id": ["c1"], "messages": [["hi"]]}).write_parquet(p)
+    df = read_parquet(p, "dataset 'x'", columns=["messages"], required=["user_id"])
+    assert df.columns == ["messages"] and df.height == 1
+
+
+def test_read_parquet_missing_file(tmp_path):
+    with pytest.raises(ParquetReadError, match=r"nope.parquet: gym rows not found \(run `dvc repro gyms`\)$") as e:
+        read_parquet(tmp_path / "nope.parquet", "gym rows", hint="run `dvc repro gyms`")
+    assert e.value.problem == "missing" and e.value.what == "gym rows" and isinstance(e.value, InputFileError)
+
+
+@pytest.mark.parametrize("make", [lambda p: p.write_bytes(b"PAR1 but not really parquet"),
+                                  lambda p: p.write_text('{"a": 1}'), lambda p: p.mkdir()])
+def test_read_parquet_unreadable(tmp_path, make):
+    p = tmp_path / "bad.parquet"
+    make(p)
+    with pytest.raises(ParquetReadError, match=r"bad.parquet: (cannot read corpus file as parquet|corpus file is a "
+                       r"directory)") as e:
+        read_parquet(p, "corpus file", columns=["messages"])
+    assert e.value.problem == "unreadable" and e.value.path == p
+
+
+def test_read_parquet_missing_columns(tmp_path):
+    p = tmp_path / "tt.parquet"
+    pl.DataFrame({"conversation_id": ["c1"], "turns": [[1]]}).write_parquet(p)
+    with pytest.raises(ParquetReadError, match=r"tt.parquet: ThoughtTrace parquet lacks column\(s\) \['user_id'\] "
+                       r"\(columns: \['conversation_id', 'turns'\]\)") as e:
+        read_parquet(p, "ThoughtTrace parquet", required=("conversation_id", "user_id", "turns"))
+    assert e.value.problem == "columns" and e.value.missing_columns == ["user_id"]
+    with pytest.raises(ParquetReadError, match=r"lacks column\(s\) \['messages'\]"):
+        read_parquet(p, "corpus file", columns=["messages"])

@@ -237,10 +237,13 @@ def _json(value: Any, default: Any) -> Any:
 
 
 def load_behavior_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The ``usersim_behavior`` rows of a behaviour-task parquet, as dicts."""
+    """The ``usersim_behavior`` rows of a behaviour-task parquet, as dicts
+    (:class:`~mimesis_lab.io.ParquetReadError` if it cannot be read)."""
     import polars as pl
 
-    df = pl.read_parquet(path)
+    from mimesis_lab.io import read_parquet
+
+    df = read_parquet(path, "behaviour-task rows")
     if "data_source" in df.columns:
         df = df.filter(pl.col("data_source") == DATA_SOURCE)
     return df.to_dicts()

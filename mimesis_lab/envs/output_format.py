@@ -24,7 +24,8 @@ class ParsedReply:
     error: str | None = None
 
 
-def _strip_end(text: str) -> str:
+def strip_end_tokens(text: str) -> str:
+    """``text`` stripped, without trailing end-of-turn tokens (:data:`END_TOKENS`, repeated or mixed)."""
     text = text.strip()
     changed = True
     while changed:
@@ -43,7 +44,7 @@ def parse_reply(text: str, require_think: bool = True) -> ParsedReply:
     non-empty utterance with no further think tags (end-of-turn tokens are ignored). With
     ``require_think=False`` a reply without any think block is valid (reasoning ``""``).
     """
-    body = _strip_end(text)
+    body = strip_end_tokens(text)
     n_open, n_close = body.count(OPEN), body.count(CLOSE)
     if n_open == 0 and n_close == 0:
         if require_think:
@@ -67,7 +68,7 @@ _THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 
 def public_text(text: str) -> str:
     """What the partner may see: every think block (closed or not) and end tokens removed."""
-    return _THINK_RE.sub("", _strip_end(text)).strip()
+    return _THINK_RE.sub("", strip_end_tokens(text)).strip()
 
 
 def update_reward(raw_score: float, parsed: ParsedReply) -> float:

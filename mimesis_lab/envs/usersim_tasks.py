@@ -374,10 +374,10 @@ class TomEpisode(_UserSimEpisode):
 
 # ----------------------------------------------------------------------------- row builders
 def load_thoughttrace_rows(path: Any) -> list[dict[str, Any]]:
-    """The ThoughtTrace split rows of one parquet file, as dicts."""
-    import polars as pl
+    """The ThoughtTrace split rows of one parquet file, as dicts (:class:`~mimesis_lab.io.ParquetReadError`)."""
+    from mimesis_lab.io import read_parquet
 
-    return pl.read_parquet(path).to_dicts()
+    return read_parquet(path, "ThoughtTrace split rows").to_dicts()
 
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>(.*)$", re.DOTALL)

@@ -17,7 +17,8 @@ lacks one of the two classes cannot classify: its conversations count as failure
 
 :class:`OpenAIDiscriminator`: an LLM answers ``{"label": "human"|"simulated"}`` per conversation
 (strict JSON, bounded retries); unparsable answers are counted as parse failures and a conversation
-without a valid answer after the retries is a failure, excluded from the accuracy.
+without a valid answer after the retries is a failure, excluded from the accuracy (its prediction
+has ``error`` and ``transient``: whether the retries ran out on a timeout, transport error, 429 or 5xx).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
-from mimesis_lab.endpoint import JsonJudgeClient
+from mimesis_lab.endpoint import EndpointFailure, JsonJudgeClient, json_answer
 from mimesis_lab.envs.usersim_tasks import has_politeness, words
 from mimesis_lab.evals.fidelity_judge import technical_share
 
@@ -139,7 +140,7 @@ def _label(obj: Any) -> str:
 class OpenAIDiscriminator(JsonJudgeClient):
     """An LLM labels each conversation ``human`` or ``simulated`` (strict JSON, retries, never raises)."""
 
-    def _one(self, turns: Sequence[str]) -> tuple[str | None, int, str | None]:
+    def _one(self, turns: Sequence[str]) -> tuple[str | None, int, EndpointFailure | None]:
         convo = "\n".join(f"[user turn {k + 1}] {t}" for k, t in enumerate(turns))
         body = {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "turing_label", "strict": True,
@@ -148,8 +149,8 @@ class OpenAIDiscriminator(JsonJudgeClient):
                               "assistant. Were they written by a real human or by a user simulator (a language "
                               "model)? Answer with the JSON object {\"label\": \"human\"|\"simulated\"} only."},
                              {"role": "user", "content": convo}]}
-        label, parse, errors = self.chat.json_with_retries(body, _label, self.backoff_s)
-        return label, parse, (errors[-1][1] if label is None and errors else None)
+        res = self.chat.call(body, json_answer(_label))
+        return res.value, res.count("invalid"), res.failure
 
     def classify(self, human: Sequence[Sequence[str]], simulated: Sequence[Sequence[str]],
                  human_groups: Sequence[Hashable] | None = None,
@@ -157,10 +158,11 @@ class OpenAIDiscriminator(JsonJudgeClient):
         preds, parse = [], 0
         for label, convs, groups in ((HUMAN, human, human_groups), (SIMULATED, simulated, sim_groups)):
             for i, turns in enumerate(convs):
-                pred, p, err = self._one(turns)
+                pred, p, failure = self._one(turns)
                 parse += p
                 preds.append({"group": groups[i] if groups is not None else i, "index": i, "label": label,
-                              "predicted": pred, "error": err})
+                              "predicted": pred, "error": failure.detail if failure else None,
+                              "transient": failure.transient if failure else None})
         return _result(preds, parse)
 
 

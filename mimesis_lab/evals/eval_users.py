@@ -205,13 +205,13 @@ class ScriptedEvalUser:
         return "Yes." if _words(q) & ref else "No."
 
     def _persuade(self, q: str) -> str:
-        from mimesis_lab.envs.gyms.persuade import _direction
+        from mimesis_lab.envs.gyms.persuade import target_direction
 
         t = self.gym.task
         if self._stance is None:
             self._stance = int(t["initial_stance"])
         if _words(q) & _words(t["claim"] + " " + " ".join(t["reasons"])):
-            self._stance = min(7, max(1, self._stance + _direction(t)))
+            self._stance = min(7, max(1, self._stance + target_direction(t)))
             return f"That addresses one of my concerns, I see your point.\nStance: {self._stance}"
         return f"I'm not convinced yet; that doesn't address my reasons.\nStance: {self._stance}"
 
@@ -314,12 +314,8 @@ class EvalUserSide:
         from mimesis_lab.rollout.user_side import EndpointUser
 
         ucfg = self.cfg
-        ext = ucfg.openai if self.kind == "openai" else None
-        inner = EndpointUser(self.shim.url, self.model, episode=episode,
-                             sampling=SamplingParams(max_new_tokens=ucfg.max_new_tokens, temperature=ucfg.temperature,
-                                                     seed=seed),
-                             timeout_s=ucfg.timeout_s + 5.0, max_retries=ext.max_retries if ext else 0,
-                             api_key_env=ext.api_key_env if ext else None)
+        inner = EndpointUser.from_params(ucfg, self.shim.url, self.model, episode, SamplingParams(
+            max_new_tokens=ucfg.max_new_tokens, temperature=ucfg.temperature, seed=seed))
         return GuardedUser(inner, gym.name, PROMPTED_INSTRUCTION if self.kind == "prompted" else None)
 
     def privileged(self, episode: str) -> list[str]:

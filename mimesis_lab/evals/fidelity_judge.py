@@ -28,10 +28,11 @@ simulated user turns; each dimension is a thresholded 0/1 (thresholds in :data:`
 
 Identical real and simulated turns match on every dimension (every comparison is relative).
 
-:class:`OpenAIFidelityJudge` asks an LLM (``mimesis_lab.endpoint.ChatEndpoint``) for a strict JSON
-verdict ``{persona, style, technical_competency, information_flow, pacing: bool, rationale}``,
-retrying up to ``endpoint.max_retries`` times; each unparsable / schema-invalid answer is counted
-(``parse_failures``), and after the last try the result is a :class:`FidelityFailure`.
+:class:`OpenAIFidelityJudge` asks an LLM (the shared loop :meth:`mimesis_lab.endpoint.ChatEndpoint.call`)
+for a strict JSON verdict ``{persona, style, technical_competency, information_flow, pacing: bool,
+rationale}``, retrying up to ``endpoint.max_retries`` times; each unparsable / schema-invalid answer
+is counted (``parse_failures``), and after the last try the result is a :class:`FidelityFailure`
+(``transient`` when the retries ran out on a timeout, transport error, 429 or 5xx).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from mimesis_lab.endpoint import JsonJudgeClient
+from mimesis_lab.endpoint import JsonJudgeClient, json_answer
 from mimesis_lab.envs.usersim_tasks import (
     has_politeness, is_assistant_like, parse_system_prompt, profile_contradictions, words,
 )
@@ -80,6 +81,7 @@ class FidelityVerdict:
     features: dict[str, Any] = field(default_factory=dict)
     rationale: str = ""
     parse_failures: int = 0
+    recovered_retries: int = 0     # failed endpoint attempts before this verdict (LLM judge)
 
 
 @dataclass
@@ -87,6 +89,7 @@ class FidelityFailure:
     reason: str                    # "judge_failure" | "timeout"
     detail: str
     parse_failures: int = 0
+    transient: bool = False        # the endpoint's retries ran out on a timeout / transport / 429 / 5xx
 
 
 # ----------------------------------------------------------------------------- features
@@ -223,13 +226,14 @@ class OpenAIFidelityJudge(JsonJudgeClient):
     def judge(self, req: FidelityRequest) -> FidelityVerdict | FidelityFailure:
         body = {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
-        v, parse, errors = self.chat.json_with_retries(body, _validate, self.backoff_s)
-        if v is not None:
-            v.parse_failures = parse
+        res = self.chat.call(body, json_answer(_validate))
+        parse = res.count("invalid")
+        if res.ok:
+            v = res.value
+            v.parse_failures, v.recovered_retries = parse, res.recovered_retries
             return v
-        kind, last = errors[-1]
-        reason = "timeout" if kind == "timeout" else "judge_failure"
-        return FidelityFailure(reason, f"failed after {len(errors)} attempt(s): {last}", parse)
+        f = res.failure
+        return FidelityFailure("timeout" if f.reason == "timeout" else "judge_failure", f.detail, parse, f.transient)
 
 
 def make_fidelity_judge(judge_cfg: Any, client: Any = None) -> RuleFidelityJudge | OpenAIFidelityJudge:

@@ -1,4 +1,4 @@
-"""Simulator and agent evaluation metrics (SPEC.md §4; DESIGN.md §4 contracts).
+"""Simulator and agent evaluation metrics (SPEC §4; DESIGN §4 contracts).
 
 Pure functions: plain Python sequences / mappings in, floats / dicts out, no I/O.
 Every function validates its inputs and raises ``ValueError`` rather than guessing:
@@ -206,7 +206,7 @@ def turing_distance(accuracy_pct: float) -> float:
     return abs(a - 50.0)
 
 
-# ------------------------------------------------------------- agent evaluation (§4.2)
+# --------------------------------------------------------- agent evaluation (SPEC §4.2)
 @dataclass(frozen=True)
 class RankReport:
     """Result of :func:`mean_and_rank_report`.

@@ -49,7 +49,8 @@ from mimesis_lab.envs.base import SimEpisode, TaskScore
 from mimesis_lab.envs.output_format import ParsedReply
 
 __all__ = ["run_sim_eval", "SimEvalError", "FidelityEpisode", "Simulator", "load_simulator", "OpenAIAssistant",
-           "human_replay_success", "task_difficulty", "difficulty_bins", "PROMPTED_INSTRUCTION", "NOTE"]
+           "AssistantEndpointError", "human_replay_success", "task_difficulty", "difficulty_bins",
+           "PROMPTED_INSTRUCTION", "NOTE"]
 
 NOTE = "scores computed with a different judge/assistant model are not comparable"
 PROMPTED_INSTRUCTION = (
@@ -66,8 +67,20 @@ class SimEvalError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- fidelity episodes
+class AssistantEndpointError(RuntimeError):
+    """The fixed assistant's endpoint gave no usable reply; ``failure`` is the endpoint's failure record."""
+
+    def __init__(self, failure: Any):
+        super().__init__(f"assistant endpoint failed: {failure.detail}")
+        self.failure = failure
+
+
 class OpenAIAssistant:
-    """The fixed assistant as an OpenAI-compatible endpoint: ``assistant(row, public_log) -> reply`` (raises)."""
+    """The fixed assistant as an OpenAI-compatible endpoint: ``assistant(row, public_log) -> reply``.
+
+    One request through the shared retry loop (:meth:`mimesis_lab.endpoint.ChatEndpoint.call`, no backoff);
+    an empty reply is an invalid answer (retried). After the retries it raises :class:`AssistantEndpointError`.
+    """
 
     def __init__(self, endpoint: Any, client: Any = None):
         from mimesis_lab.endpoint import ChatEndpoint
@@ -79,16 +92,19 @@ class OpenAIAssistant:
         msgs = [{"role": "system", "content": "You are a helpful AI assistant."}] + [
             {"role": "user" if t["role"] == "user" else "assistant", "content": t["content"]} for t in public_log]
         body = {"model": self.endpoint.model, "temperature": self.endpoint.temperature, "messages": msgs}
-        last = "no attempt"
-        for _ in range(self.endpoint.max_retries + 1):
-            try:
-                text = self.chat.content(body)
-                if text.strip():
-                    return text
-                last = "empty assistant reply"
-            except ValueError as e:
-                last = str(e)
-        raise RuntimeError(f"assistant endpoint failed: {last}")
+        res = self.chat.call(body, _assistant_reply)
+        if res.ok:
+            return res.value
+        raise AssistantEndpointError(res.failure)
+
+
+def _assistant_reply(payload: dict[str, Any]) -> str:
+    from mimesis_lab.endpoint import chat_content
+
+    text = chat_content(payload)
+    if not text.strip():
+        raise ValueError("empty assistant reply")
+    return text
 
 
 class FidelityEpisode(SimEpisode):

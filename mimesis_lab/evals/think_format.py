@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-import polars as pl
 import torch
+
+from mimesis_lab.io import read_parquet
 
 
 def classify_reply(text: str) -> tuple[bool, bool]:
@@ -67,7 +68,7 @@ def evaluate_folder(model_dir: str | Path, val_parquet: str | Path, **kw: Any) -
 
     model = load_model(model_dir)
     tok = load_tokenizer(model_dir)
-    convs = pl.read_parquet(val_parquet, columns=["messages"]).get_column("messages").to_list()
+    convs = read_parquet(val_parquet, "validation split", columns=["messages"]).get_column("messages").to_list()
     if not convs:
         raise ValueError(f"{val_parquet}: empty split, nothing to evaluate")
     return format_rates(model, tok, convs, **kw)

@@ -57,9 +57,13 @@ def load_training_rows(cfg: Any) -> tuple[dict[str, list[dict[str, Any]]], dict[
     from mimesis_lab.envs.gyms.registry import load_tasks
     from mimesis_lab.rollout.agent_env import load_gym_rows
 
-    if not Path(cfg.data).is_file():
-        raise TrainConfigError(f"{cfg.data}: gym rows not found (run `dvc repro gyms`)")
-    rows = [r for r in load_gym_rows(cfg.data) if r["gym"] in cfg.gyms and cfg.gyms[r["gym"]] > 0]
+    from mimesis_lab.io import ParquetReadError
+
+    try:
+        all_rows = load_gym_rows(cfg.data)
+    except ParquetReadError as e:
+        raise TrainConfigError(str(e)) from None
+    rows = [r for r in all_rows if r["gym"] in cfg.gyms and cfg.gyms[r["gym"]] > 0]
     if not rows:
         raise TrainConfigError(f"{cfg.data}: no rows of the gyms {sorted(cfg.gyms)}")
     by_gym: dict[str, list[dict[str, Any]]] = {}

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mimesis_lab.abcd_policy import (
-    _INFEASIBLE_RX, base_subflow, flow_guideline_leaves, policy_applies, scenario_value, split_sentences,
+    INFEASIBLE_RX, base_subflow, flow_guideline_leaves, policy_applies, scenario_value, split_sentences,
 )
 
 __all__ = ["ABCDSupportAgent", "Step", "FIELD_LABEL", "FIELD_ASK", "SUBFLOW_TOPICS", "value_in_text",
@@ -307,7 +307,7 @@ class ABCDSupportAgent:
                      for s in split_sentences(leaf)]
         sentences.sort(key=lambda x: not re.match(r"\s*policy\s*:", x[1], re.I))  # "Policy:" lines first
         for leaf, sentence in sentences:
-            for key, rx, request, _delta in _INFEASIBLE_RX:
+            for key, rx, request, _delta in INFEASIBLE_RX:
                 m = rx.search(sentence)
                 if not m or key in seen or not policy_applies(sentence, leaf, level):
                     continue

@@ -39,14 +39,16 @@ the user describes the behaviour ("I'll now act impatient", "as a difficult cust
 name) instead of enacting it. :func:`rule_check`: independent binary check (``rule_annotate`` finds the
 code; N: no code), logged as ``rule_judge_gap`` only.
 
-The LLM judge (:class:`OpenAIJudge`: strict-JSON verdicts, bounded retries) lives in :mod:`.openai_judge`, which
-imports this module; :func:`make_judge` builds either kind and imports :mod:`.openai_judge` lazily.
+The request and answer types (:class:`BehaviorJudgeRequest`, :class:`Verdict`, :class:`JudgeFailure`) live in
+:mod:`.verdict` and are re-exported here. The LLM judge (:class:`OpenAIJudge`: strict-JSON verdicts, bounded
+retries) lives in :mod:`.openai_judge`, which imports :mod:`.verdict`, not this module; :func:`make_judge` builds
+either kind and imports :mod:`.openai_judge` lazily.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mimesis_lab.abcd_policy import scenario_value
 from mimesis_lab.behaviors import TAXONOMY, count_requests, rule_annotate
@@ -54,47 +56,13 @@ from mimesis_lab.config import OpenAIEndpoint
 from mimesis_lab.judges.abcd_agent import (
     FIELD_ASK, FIELD_LABEL, RESOLVED_MARKER, stems, subflow_mentioned, topic_name, value_in_text,
 )
+from mimesis_lab.judges.verdict import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, check_request
 
 if TYPE_CHECKING:
     from mimesis_lab.judges.openai_judge import OpenAIJudge
 
 __all__ = ["BehaviorJudgeRequest", "Verdict", "JudgeFailure", "RuleJudge", "make_judge", "rule_check",
            "SCORE_KEYS"]
-
-SCORE_KEYS = ("exhibit", "placement", "naturalness", "on_task")
-FAILURE_REASONS = ("judge_failure", "timeout")
-
-
-@dataclass
-class BehaviorJudgeRequest:
-    behavior_id: str  # "B1".."B13" or "N"
-    kwargs: dict[str, Any]
-    scenario: dict[str, Any]
-    flow: str
-    subflow: str
-    public_log: list[dict[str, Any]]  # [{"role": "agent"|"user", "content"}]
-    private_log: list[dict[str, Any]] | None = None  # simulator turns {"role", "reasoning", "content"}
-
-
-@dataclass
-class Verdict:
-    exhibit: float
-    placement: float
-    naturalness: float
-    on_task: float
-    announced: bool
-    rationale: str
-    extras: dict[str, float] = field(default_factory=dict)  # e.g. {"cooperativeness": …} for N
-
-
-@dataclass
-class JudgeFailure:
-    reason: str  # "judge_failure" | "timeout"
-    detail: str
-
-    def __post_init__(self) -> None:
-        if self.reason not in FAILURE_REASONS:
-            raise ValueError(f"JudgeFailure.reason must be one of {FAILURE_REASONS}, got {self.reason!r}")
 
 
 # ----------------------------------------------------------------------------------- cues
@@ -505,21 +473,13 @@ def announced(c: _Conv) -> bool:
     return any(_ANNOUNCE.search(u.text) or any(n in u.text.lower() for n in names) for u in c.users)
 
 
-def _check(req: BehaviorJudgeRequest) -> str | None:
-    if req.behavior_id not in TAXONOMY:
-        return f"unknown behaviour {req.behavior_id!r}"
-    if not isinstance(req.public_log, list):
-        return "public_log must be a list"
-    return None
-
-
 class RuleJudge:
     """Deterministic rule judge (offline default); see the module docstring for the rule per behaviour."""
 
     kind = "rule"
 
     def judge(self, req: BehaviorJudgeRequest) -> Verdict | JudgeFailure:
-        bad = _check(req)
+        bad = check_request(req)
         if bad:
             return JudgeFailure("judge_failure", bad)
         try:
@@ -557,6 +517,6 @@ def make_judge(kind: str, endpoint: OpenAIEndpoint | None = None) -> RuleJudge |
     if kind == "openai":
         if endpoint is None:
             raise ValueError("the openai judge needs an endpoint")
-        from mimesis_lab.judges.openai_judge import OpenAIJudge  # lazy: openai_judge imports this module
+        from mimesis_lab.judges.openai_judge import OpenAIJudge  # lazy: only the openai kind needs httpx
         return OpenAIJudge(endpoint)
     raise ValueError(f"unknown judge kind {kind!r} (expected 'rule' or 'openai')")

@@ -1,4 +1,4 @@
-"""The CSD coach ``h_t = G(H_t, y_t, z_t, x_{t+1})`` (SPEC §3.3 item 3).
+"""The CSD coach ``h_t = G(H_t, y_t, z_t, x_{t+1})`` (SPEC §3.3.3).
 
 For a coached agent turn ``t`` the coach sees the public history ``H_t`` before the agent's
 reply, the simulator's private reasoning ``z_t`` before this turn (``privileged[t-1]``; empty on
@@ -10,15 +10,14 @@ budgets, preferences, the answer): the prompt forbids it, and
 turn; valid notes are stripped and cut to :data:`MAX_NOTE_CHARS` characters.
 
 Coaches: :class:`TemplateCoach` (offline default, deterministic, no model) and
-:class:`OpenAICoach` (``{base_url}/chat/completions``, bounded retries, never raises for endpoint
-problems). :func:`check_coach_endpoint` refuses a coach endpoint on the same server as the
+:class:`OpenAICoach` (``{base_url}/chat/completions`` through the shared retry loop
+:meth:`mimesis_lab.endpoint.ChatEndpoint.call`, bounded retries, never raises for endpoint problems). :func:`check_coach_endpoint` refuses a coach endpoint on the same server as the
 simulator's upstream or its privileged shim (coach calls must not pollute the user-reasoning
 buffer).
 """
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from mimesis_lab.config import OpenAIEndpoint
-from mimesis_lab.endpoint import ChatEndpoint
+from mimesis_lab.endpoint import AnswerError, ChatEndpoint, chat_message
 
 __all__ = ["MAX_NOTE_CHARS", "STYLES", "CoachInput", "CoachResult", "parse_note", "coach_messages", "TemplateCoach",
            "OpenAICoach", "make_coach", "check_coach_endpoint"]
@@ -51,11 +50,14 @@ class CoachInput:
 
 @dataclass
 class CoachResult:
-    """``status``: ``ok`` (``note`` set), ``none`` (nothing to say) or ``failure`` (``detail`` says why)."""
+    """``status``: ``ok`` (``note`` set), ``none`` (nothing to say) or ``failure`` (``detail`` says why;
+    ``transient``: the endpoint's retries ran out on a timeout, transport error, 429 or 5xx)."""
 
     note: str | None
     status: str
     detail: str = ""
+    transient: bool = False
+    recovered_retries: int = 0     # failed endpoint attempts before this answer (OpenAICoach)
 
 
 def _style(style: str) -> str:
@@ -256,7 +258,7 @@ class OpenAICoach:
         self.endpoint, self.style = endpoint, _style(style)
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
         self.max_history_chars = max_history_chars
-        self.chat = ChatEndpoint(endpoint, client)
+        self.chat = ChatEndpoint(endpoint, client, backoff_s=self.backoff_s)
 
     def close(self) -> None:
         self.chat.close()
@@ -265,24 +267,21 @@ class OpenAICoach:
         return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": coach_messages(inp, self.style, self.max_history_chars)}
 
-    def _attempt(self, body: dict[str, Any]) -> CoachResult:
-        content = self.chat.message(body).get("content")
-        res = parse_note(content)
-        if res.status == "failure":
-            raise ValueError(res.detail)
-        return res
-
     def coach(self, inp: CoachInput) -> CoachResult:
-        body = self.request_body(inp)
-        errors: list[str] = []
-        for attempt in range(self.endpoint.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * attempt)
-            try:
-                return self._attempt(body)
-            except Exception as e:  # noqa: BLE001 — an endpoint problem is a failure, never an exception
-                errors.append(str(e))
-        return CoachResult(None, "failure", f"failed after {len(errors)} attempt(s): {errors[-1]}")
+        res = self.chat.call(self.request_body(inp), _note_answer)
+        if res.ok:
+            res.value.recovered_retries = res.recovered_retries
+            return res.value
+        return CoachResult(None, "failure", res.failure.detail, transient=res.failure.transient)
+
+
+def _note_answer(payload: dict[str, Any]) -> CoachResult:
+    """The shared loop's ``parse`` for a coach answer: ``ok`` or ``none``; a content that is not a string
+    is an invalid answer (retried)."""
+    res = parse_note(chat_message(payload).get("content"))
+    if res.status == "failure":
+        raise AnswerError(res.detail)
+    return res
 
 
 def make_coach(kind: str, endpoint: OpenAIEndpoint | None, style: str = "prospective"):

@@ -1,4 +1,4 @@
-"""Leak validator for CSD coaching notes (SPEC §3.3 item 3; the reference has **none**).
+"""Leak validator for CSD coaching notes (SPEC §3.3.3; the reference has **none**).
 
 A coaching note ``h_t`` is written with privileged information (the simulator's private
 reasoning, the user's next utterance). The prompt forbids revealing private facts, but that is

@@ -1,11 +1,12 @@
-"""LLM behaviour judge of the ABCD behaviour task (SPEC §2.4), split from :mod:`.behavior_judge`.
+"""LLM behaviour judge of the ABCD behaviour task (SPEC §2.4); the rule judge is :mod:`.behavior_judge`.
 
-:class:`OpenAIJudge` posts one :class:`~mimesis_lab.judges.behavior_judge.BehaviorJudgeRequest` to
-``{base_url}/chat/completions`` with :data:`RESPONSE_FORMAT` (strict JSON schema :data:`VERDICT_SCHEMA`),
-validates the answer with :func:`validate_verdict` and retries a bad answer or a timeout at most
+:class:`OpenAIJudge` posts one :class:`~mimesis_lab.judges.verdict.BehaviorJudgeRequest` to
+``{base_url}/chat/completions`` with :data:`RESPONSE_FORMAT` (strict JSON schema :data:`VERDICT_SCHEMA`)
+through the shared retry loop (:meth:`mimesis_lab.endpoint.ChatEndpoint.call`), validates the answer with
+:func:`validate_verdict` and retries a bad answer, a timeout, a transport error or an HTTP 429/5xx at most
 ``endpoint.max_retries`` times (``k * backoff_s`` between tries). It never raises: the result is a
-:class:`~mimesis_lab.judges.behavior_judge.Verdict` or a
-:class:`~mimesis_lab.judges.behavior_judge.JudgeFailure` (``judge_failure`` | ``timeout``).
+:class:`~mimesis_lab.judges.verdict.Verdict` (``recovered_retries`` counts the failed tries before it) or a
+:class:`~mimesis_lab.judges.verdict.JudgeFailure` (``judge_failure`` | ``timeout``, and ``transient``).
 :func:`judge_messages` builds the prompt (the user's private reasoning only when a private log is given).
 Build either judge kind with :func:`mimesis_lab.judges.behavior_judge.make_judge`.
 """
@@ -13,15 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
 import httpx
 
 from mimesis_lab.behaviors import TAXONOMY
 from mimesis_lab.config import OpenAIEndpoint
-from mimesis_lab.endpoint import ChatEndpoint, EndpointTimeout
-from mimesis_lab.judges.behavior_judge import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, _check
+from mimesis_lab.endpoint import ChatEndpoint, json_answer
+from mimesis_lab.judges.verdict import SCORE_KEYS, BehaviorJudgeRequest, JudgeFailure, Verdict, check_request
 
 __all__ = ["OpenAIJudge", "validate_verdict", "judge_messages", "VERDICT_SCHEMA", "RESPONSE_FORMAT"]
 
@@ -96,7 +96,7 @@ class OpenAIJudge:
     def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float | None = None):
         self.endpoint = endpoint
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
-        self.chat = ChatEndpoint(endpoint, client)
+        self.chat = ChatEndpoint(endpoint, client, backoff_s=self.backoff_s)
 
     def close(self) -> None:
         self.chat.close()
@@ -105,36 +105,16 @@ class OpenAIJudge:
         return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
 
-    def _attempt(self, body: dict[str, Any]) -> Verdict:
-        content = self.chat.content(body)
-        try:
-            answer = json.loads(content)
-        except ValueError as e:
-            raise ValueError(f"answer is not valid JSON: {e}") from None
-        try:
-            return validate_verdict(answer)
-        except ValueError as e:
-            raise ValueError(f"schema: {e}") from None
-
     def judge(self, req: BehaviorJudgeRequest) -> Verdict | JudgeFailure:
-        bad = _check(req)
+        bad = check_request(req)
         if bad:
             return JudgeFailure("judge_failure", bad)
-        body = self.request_body(req)
-        errors: list[tuple[str, str]] = []
-        for attempt in range(self.endpoint.max_retries + 1):
-            if attempt and self.backoff_s > 0:
-                time.sleep(self.backoff_s * attempt)
-            try:
-                v = self._attempt(body)
-            except EndpointTimeout as e:
-                errors.append(("timeout", str(e)))
-                continue
-            except Exception as e:  # noqa: BLE001 — any bad answer is a failure, never an exception
-                errors.append(("judge_failure", str(e)))
-                continue
-            if req.behavior_id == "N":
-                v.extras["cooperativeness"] = v.exhibit
-            return v
-        reason, last = errors[-1]
-        return JudgeFailure(reason, f"failed after {len(errors)} attempt(s): {last}")
+        res = self.chat.call(self.request_body(req), json_answer(validate_verdict))
+        if not res.ok:
+            f = res.failure
+            return JudgeFailure("timeout" if f.reason == "timeout" else "judge_failure", f.detail, f.transient)
+        v = res.value
+        v.recovered_retries = res.recovered_retries
+        if req.behavior_id == "N":
+            v.extras["cooperativeness"] = v.exhibit
+        return v

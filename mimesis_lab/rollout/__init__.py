@@ -1,4 +1,12 @@
-"""Rollout generation for simulator RL (SPEC.md §2.3, DESIGN.md §3).
+"""Rollouts: generation backends, simulator and agent episodes, and the user side over HTTP (SPEC §2.3, §3.1).
+
+- :mod:`.backends` — generation backends (below).
+- :mod:`.sim_rollout` — batched simulator episodes over many tasks (simulator RL, ``sim_eval``).
+- :mod:`.agent_rollout` — multi-turn agent episodes in the gyms, one token stream per trajectory.
+- :mod:`.user_side` — :class:`~mimesis_lab.rollout.user_side.EndpointUser`, the simulator as a gym's
+  user over an OpenAI-compatible endpoint.
+- :mod:`.shim` — the privileged shim (SPEC §3.3.1) that keeps the simulator's reasoning from the agent.
+- :mod:`.serve` — a minimal OpenAI-compatible server for a local model (the tiny profile's ``vllm serve``).
 
 :mod:`mimesis_lab.rollout.backends` turns chat prompts (or token-id prompts) into
 :class:`~mimesis_lab.rollout.backends.Generation` records — generated token ids, their

@@ -32,12 +32,9 @@ class PrivacyError(RuntimeError):
 
 def load_gym_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of the ``gyms`` stage with ``reward_model``/``extra_info`` decoded from their JSON strings."""
-    import polars as pl
+    from mimesis_lab.io import read_parquet
 
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: gym rows not found (run `dvc repro gyms`)")
-    rows = pl.read_parquet(p).to_dicts()
+    rows = read_parquet(path, "gym rows", hint="run `dvc repro gyms`").to_dicts()
     for r in rows:
         for k in ("reward_model", "extra_info"):
             if isinstance(r.get(k), str):
@@ -120,8 +117,7 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
         gid = f"s{step}g{gi}"
         for k in range(cfg.rollouts_per_prompt):
             tid = f"{gid}r{k}"
-            user = EndpointUser(shim.url, user_model, episode=tid, sampling=user_sampling,
-                                timeout_s=cfg.user.timeout_s, max_retries=0)
+            user = EndpointUser.from_params(cfg.user, shim.url, user_model, tid, user_sampling)
             rows.append(groups[gi])
             gyms.append(gym_for_row(groups[gi], tasks, user, random.Random(f"{cfg.seed}:{tid}"),
                                     max_steps=cfg.rollout.max_turns))

@@ -27,9 +27,6 @@ is kept in ``token_ids``/``logprobs``/``text`` and gives ``finish_reason="stop"`
 from __future__ import annotations
 
 import inspect
-import json
-import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -46,6 +43,7 @@ __all__ = [
     "VLLMBackend",
     "make_backend",
     "colocated_backend",
+    "sampling_body",
 ]
 
 FinishReason = Literal["stop", "length", "error"]
@@ -90,15 +88,22 @@ class Generation:
     text: str
     finish_reason: FinishReason
     error: str | None = None
+    transient: bool = False        # a remote failure whose retries ran out on a timeout / transport / 429 / 5xx
+    recovered_retries: int = 0     # failed remote attempts before this generation
 
     @property
     def ok(self) -> bool:
         return self.finish_reason != "error"
 
     @classmethod
-    def failed(cls, error: str, prompt_ids: list[int] | None = None) -> "Generation":
+    def failed(cls, error: str, prompt_ids: list[int] | None = None, transient: bool = False) -> "Generation":
         return cls(prompt_ids=list(prompt_ids or []), token_ids=[], logprobs=[], text="",
-                   finish_reason="error", error=error)
+                   finish_reason="error", error=error, transient=transient)
+
+
+def _finish(reason: Any) -> FinishReason:
+    """An OpenAI ``finish_reason`` as ours: ``length`` stays, anything else is ``stop``."""
+    return "length" if reason == "length" else "stop"
 
 
 @runtime_checkable
@@ -441,10 +446,16 @@ class _KVStore:
 # ----------------------------------------------------------------------------- OpenAI-compatible
 
 
-class _RequestFailed(Exception):
-    def __init__(self, msg: str, retry: bool):
-        super().__init__(msg)
-        self.retry = retry
+def sampling_body(model: str, params: SamplingParams) -> dict[str, Any]:
+    """The OpenAI request fields of ``params``: model, max_tokens, temperature, top_p, seed (if set) and
+    vLLM's ``stop_token_ids`` (if set; other servers ignore it)."""
+    body: dict[str, Any] = {"model": model, "max_tokens": params.max_new_tokens,
+                            "temperature": params.temperature, "top_p": params.top_p}
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    return body
 
 
 class OpenAIBackend:
@@ -458,71 +469,34 @@ class OpenAIBackend:
     Token ids: chat servers return token *strings*, not ids, so ``token_ids`` is ``[]`` unless
     every returned token has vLLM's ``"token_id:<n>"`` form (``return_tokens_as_token_ids``);
     ``logprobs`` are filled when the server provides them, else ``[]``. ``prompt_ids`` is
-    ``[]`` for chat prompts (the server renders the template). A request that still fails
-    after ``max_retries`` retries (transport error, HTTP 429/5xx, malformed JSON, missing or
-    empty content) becomes ``Generation(finish_reason="error", error=...)``; other HTTP 4xx
-    are not retried. The API key is read from ``api_key_env`` if set (local servers need none).
+    ``[]`` for chat prompts (the server renders the template).
+
+    Every request goes through the shared retry loop (:meth:`mimesis_lab.endpoint.ChatEndpoint.call`,
+    exponential backoff ``backoff_s * 2 ** (k - 1)`` before retry ``k``): transport errors, timeouts,
+    HTTP 429/5xx, malformed bodies and missing or empty content are retried up to ``max_retries``
+    times; other HTTP 4xx and refusals are final at once. A request that still fails becomes
+    ``Generation(finish_reason="error", error=..., transient=...)``; ``recovered_retries`` counts the
+    failed tries before a generation. The API key is read from ``api_key_env`` if set (local servers
+    need none).
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY",
                  timeout_s: float = 60, max_retries: int = 2, backoff_s: float = 0.5,
                  max_concurrency: int = 8, client=None):
-        import httpx
+        from mimesis_lab.config import OpenAIEndpoint
+        from mimesis_lab.endpoint import ChatEndpoint
 
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_concurrency = max(1, max_concurrency)
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(api_key_env) if api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = client or httpx.Client(timeout=timeout_s, headers=headers)
+        endpoint = OpenAIEndpoint(base_url=self.base_url, model=model, api_key_env=api_key_env or "",
+                                  timeout_s=float(timeout_s), max_retries=max_retries)
+        self.chat = ChatEndpoint(endpoint, client, backoff_s=backoff_s, backoff="exponential")
 
     def close(self) -> None:
-        self._client.close()
-
-    def _body(self, params: SamplingParams) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": params.max_new_tokens,
-                                "temperature": params.temperature, "top_p": params.top_p}
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)  # vLLM extension; others ignore it
-        return body
-
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
-        last = "no attempt"
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                resp = self._client.post(f"{self.base_url}{path}", json=body)
-            except httpx.HTTPError as e:
-                last = f"transport error: {type(e).__name__}: {e}"
-                continue
-            if resp.status_code != 200:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    continue
-                break
-            try:
-                data = resp.json()
-            except (json.JSONDecodeError, ValueError) as e:
-                last = f"malformed JSON: {e}"
-                continue
-            if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-                last = "response has no choices"
-                continue
-            return data
-        raise _RequestFailed(f"request failed after {attempt + 1} attempt(s): {last}", retry=False)
-
-    @staticmethod
-    def _finish(reason: Any) -> FinishReason:
-        return "length" if reason == "length" else "stop"
+        self.chat.close()
 
     @staticmethod
     def _token_ids(tokens: list[Any]) -> list[int]:
@@ -533,41 +507,51 @@ class OpenAIBackend:
             ids.append(int(t[9:]))
         return ids
 
-    def _chat_one(self, messages: list[dict], params: SamplingParams) -> Generation:
-        body = self._body(params) | {"messages": messages, "logprobs": True}
-        try:
-            data = self._post("/chat/completions", body)
-            choice = data["choices"][0]
-            content = (choice.get("message") or {}).get("content")
-            if not isinstance(content, str) or not content:
-                return Generation.failed("response has no message content")
-            entries = ((choice.get("logprobs") or {}).get("content")) or []
-            logprobs = [float(e["logprob"]) for e in entries]
-            ids = self._token_ids([e.get("token") for e in entries])
-            return Generation(prompt_ids=[], token_ids=ids, logprobs=logprobs, text=content,
-                              finish_reason=self._finish(choice.get("finish_reason")))
-        except _RequestFailed as e:
-            return Generation.failed(str(e))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            return Generation.failed(f"unexpected response shape: {type(e).__name__}: {e}")
+    def _parse_chat(self, payload: dict[str, Any]) -> Generation:
+        from mimesis_lab.endpoint import AnswerError, chat_message
 
-    def _completion_one(self, ids: list[int], params: SamplingParams) -> Generation:
-        body = self._body(params) | {"prompt": list(ids), "logprobs": 0}
-        try:
-            data = self._post("/completions", body)
-            choice = data["choices"][0]
+        content = chat_message(payload).get("content")
+        if not isinstance(content, str) or not content:
+            raise AnswerError("response has no message content")
+        choice = payload["choices"][0]
+        entries = ((choice.get("logprobs") or {}).get("content")) or []
+        logprobs = [float(e["logprob"]) for e in entries]
+        ids = self._token_ids([e.get("token") for e in entries])
+        return Generation(prompt_ids=[], token_ids=ids, logprobs=logprobs, text=content,
+                          finish_reason=_finish(choice.get("finish_reason")))
+
+    def _parse_completion(self, ids: list[int]):
+        from mimesis_lab.endpoint import AnswerError, MalformedResponse
+
+        def parse(payload: dict[str, Any]) -> Generation:
+            choices = payload.get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise MalformedResponse("response has no choices")
+            choice = choices[0]
             text = choice.get("text")
             if not isinstance(text, str) or not text:
-                return Generation.failed("response has no text", ids)
+                raise AnswerError("response has no text")
             lp = choice.get("logprobs") or {}
             logprobs = [float(x) for x in (lp.get("token_logprobs") or []) if x is not None]
             tok_ids = self._token_ids(lp.get("tokens") or [])
             return Generation(prompt_ids=list(ids), token_ids=tok_ids, logprobs=logprobs, text=text,
-                              finish_reason=self._finish(choice.get("finish_reason")))
-        except _RequestFailed as e:
-            return Generation.failed(str(e), ids)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            return Generation.failed(f"unexpected response shape: {type(e).__name__}: {e}", ids)
+                              finish_reason=_finish(choice.get("finish_reason")))
+
+        return parse
+
+    def _result(self, res, prompt_ids: list[int] | None = None) -> Generation:
+        if not res.ok:
+            return Generation.failed(res.failure.detail, prompt_ids, transient=res.failure.transient)
+        res.value.recovered_retries = res.recovered_retries
+        return res.value
+
+    def _chat_one(self, messages: list[dict], params: SamplingParams) -> Generation:
+        body = sampling_body(self.model, params) | {"messages": messages, "logprobs": True}
+        return self._result(self.chat.call(body, self._parse_chat))
+
+    def _completion_one(self, ids: list[int], params: SamplingParams) -> Generation:
+        body = sampling_body(self.model, params) | {"prompt": list(ids), "logprobs": 0}
+        return self._result(self.chat.call(body, self._parse_completion(ids), path="/completions"), ids)
 
     def _map(self, fn, items, params) -> list[Generation]:
         if len(items) <= 1 or self.max_concurrency == 1:

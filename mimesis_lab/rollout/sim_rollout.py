@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from mimesis_lab.envs.base import SimEpisode, TaskScore
-from mimesis_lab.envs.output_format import ParsedReply, _strip_end, parse_reply, public_text
+from mimesis_lab.envs.output_format import ParsedReply, parse_reply, public_text, strip_end_tokens
 from mimesis_lab.rollout.backends import Generation, SamplingParams
 
 __all__ = ["Segment", "Rollout", "is_refusal", "run_episodes", "score_rollouts", "render_prompt"]
@@ -185,7 +185,7 @@ def run_episodes(
             r.segments.append(Segment(list(g.prompt_ids), list(g.token_ids), list(g.logprobs), g.finish_reason,
                                       parsed.ok, parsed.error))
             if not public.strip():
-                if parsed.ok or not _strip_end(g.text):
+                if parsed.ok or not strip_end_tokens(g.text):
                     # nothing at all was said: an empty reply is invalid (not the policy's format)
                     _set_invalid(r, "empty_reply", f"simulator turn {ep.n_sim_turns + 1}: {parsed.error or 'empty'}")
                 else:

@@ -1,8 +1,8 @@
 """The simulator as a gym's user side, over HTTP (SPEC §3.1/§3.3).
 
 :class:`EndpointUser` implements :class:`~mimesis_lab.envs.gyms.base.UserSide`: ``respond``
-sends the user-simulator view of the conversation to ``{base_url}/chat/completions`` through
-:class:`~mimesis_lab.rollout.backends.OpenAIBackend` and returns the public reply.
+sends the user-simulator view of the conversation to ``{base_url}/chat/completions`` through the
+shared retry loop (:meth:`mimesis_lab.endpoint.ChatEndpoint.call`) and returns the public reply.
 
 In training the endpoint is the episode's own base URL on the privileged shim
 (:mod:`mimesis_lab.rollout.shim`): ``{shim}/ep/{episode}/v1``. Pass either that URL, or the
@@ -11,19 +11,23 @@ The shim already removes the reasoning; ``respond`` applies
 :func:`~mimesis_lab.envs.output_format.public_text` again, so even a direct (unshimmed)
 endpoint never passes ``<think>`` text to the agent.
 
-Failures are data: a failed request (transport error, HTTP error after the retries, no
-content, an empty public reply) gives ``UserReply(None, error)``; a timeout's error text
+Failures are data: a failed request (timeout, transport error, HTTP error after the retries, no
+content, an empty public reply) gives ``UserReply(None, error, transient)``; a timeout's error text
 contains ``"timeout"`` so :meth:`Gym.ask_user` classifies it as a timeout.
 """
 from __future__ import annotations
 
-import httpx
+from typing import Any
 
+from mimesis_lab.config import OpenAIEndpoint
+from mimesis_lab.endpoint import AnswerError, ChatEndpoint, chat_content
 from mimesis_lab.envs.gyms.base import UserReply
 from mimesis_lab.envs.output_format import public_text
-from mimesis_lab.rollout.backends import OpenAIBackend, SamplingParams
+from mimesis_lab.rollout.backends import SamplingParams, sampling_body
 
-__all__ = ["EndpointUser", "episode_base_url"]
+__all__ = ["EndpointUser", "episode_base_url", "SHIM_MARGIN_S"]
+
+SHIM_MARGIN_S = 5.0   # a user's client timeout exceeds its shim's upstream timeout by this much
 
 
 def episode_base_url(base_url: str, episode: str | None) -> str:
@@ -41,9 +45,13 @@ class EndpointUser:
 
     ``sampling`` sets max tokens/temperature/top_p/seed of every request. ``timeout_s`` is the
     per-request HTTP timeout; keep it above the shim's own upstream timeout so the shim answers
-    (502, nothing stored) before the client gives up. ``max_retries`` retries transport errors,
-    HTTP 429 and 5xx (safe through the shim: a 502 stores nothing). ``calls``/``errors`` count
-    requests and failed replies. No API key is sent unless ``api_key_env`` names one.
+    (502, nothing stored) before the client gives up. ``max_retries`` retries timeouts, transport
+    errors, HTTP 429 and 5xx (safe through the shim: a 502 stores nothing), waiting
+    ``backoff_s * 2 ** (k - 1)`` before retry ``k``; an answer the shim accepted is never retried
+    (the shim stored that turn's reasoning), so a reply without content fails at once. The API key is
+    read from the environment variable ``api_key_env`` (none is sent when it is unset or not given).
+    ``calls``/``errors`` count requests and failed replies; ``recovered_retries`` the failed tries
+    that a later try of the same reply recovered.
     """
 
     def __init__(self, base_url: str, model: str, episode: str | None = None,
@@ -54,27 +62,38 @@ class EndpointUser:
         self.model = model
         self.sampling = sampling or SamplingParams(max_new_tokens=256, temperature=0.7)
         self.timeout_s = timeout_s
-        self._backend = OpenAIBackend(self.base_url, model, api_key_env=api_key_env or "", timeout_s=timeout_s,
-                                      max_retries=max_retries, backoff_s=backoff_s, max_concurrency=1)
+        self.chat = ChatEndpoint(OpenAIEndpoint(base_url=self.base_url, model=model, api_key_env=api_key_env or "",
+                                                timeout_s=float(timeout_s), max_retries=max_retries),
+                                 backoff_s=backoff_s, backoff="exponential")
         self.calls = 0
         self.errors = 0
+        self.recovered_retries = 0
         self.replies: list[str] = []   # public replies in order (CSD aligns them with the agent's turns)
+
+    @classmethod
+    def from_params(cls, ucfg: Any, shim_url: str, model: str, episode: str,
+                    sampling: SamplingParams) -> "EndpointUser":
+        """One episode's user as the params of a user side configure it (``agent_grpo.user`` /
+        ``agent_csd.user``, or an ``agent_eval`` user: anything with ``kind``, ``openai``, ``timeout_s``),
+        behind a shim started with ``timeout_s=ucfg.timeout_s``: the client waits
+        :data:`SHIM_MARGIN_S` longer than the shim (so the shim answers 502 first, storing nothing);
+        kind ``openai`` sends ``openai.api_key_env``'s key (the shim forwards it upstream) and retries
+        ``openai.max_retries`` times; a local simulator needs no key and gets no retries."""
+        ext = ucfg.openai if ucfg.kind == "openai" else None
+        return cls(shim_url, model, episode=episode, sampling=sampling, timeout_s=ucfg.timeout_s + SHIM_MARGIN_S,
+                   max_retries=ext.max_retries if ext else 0, api_key_env=ext.api_key_env if ext else None)
 
     def respond(self, messages: list[dict[str, str]]) -> UserReply:
         self.calls += 1
-        try:
-            gen = self._backend.generate([list(messages)], self.sampling)[0]
-        except Exception as e:  # the UserSide contract: failures are replies, never exceptions
+        body = sampling_body(self.model, self.sampling) | {"messages": [dict(m) for m in messages]}
+        res = self.chat.call(body, _user_content)
+        if not res.ok:
             self.errors += 1
-            kind = "timeout" if isinstance(e, httpx.TimeoutException) else "error"
-            return UserReply(None, f"user endpoint {kind}: {type(e).__name__}: {e}")
-        if not gen.ok:
-            self.errors += 1
-            err = gen.error or "unknown error"
-            if "timeout" not in err.lower() and ("ReadTimeout" in err or "timed out" in err):
-                err = f"timeout: {err}"
-            return UserReply(None, f"user endpoint: {err}")
-        text = public_text(gen.text)
+            f = res.failure
+            kind = "timeout" if f.reason == "timeout" or "timeout" in f.detail.lower() else "error"
+            return UserReply(None, f"user endpoint {kind}: {f.detail}", transient=f.transient)
+        self.recovered_retries += res.recovered_retries
+        text = public_text(res.value)
         if not text:
             self.errors += 1
             return UserReply(None, "user endpoint returned an empty public reply")
@@ -89,19 +108,28 @@ class EndpointUser:
 
     def privileged(self) -> list[str]:
         """This episode's reasoning entries from the shim (``GET {shim}/ep/{episode}/privileged``)."""
-        resp = self._backend._client.get(f"{self._episode_root()}/privileged")
+        resp = self.chat.client.get(f"{self._episode_root()}/privileged", headers=self.chat.headers)
         resp.raise_for_status()
         return list(resp.json()["reasoning"])
 
     def finish(self) -> None:
         """Mark the episode finished on the shim (its buffer stays readable until evicted)."""
-        self._backend._client.post(f"{self._episode_root()}/finish").raise_for_status()
+        self.chat.client.post(f"{self._episode_root()}/finish", headers=self.chat.headers).raise_for_status()
 
     def close(self) -> None:
-        self._backend.close()
+        self.chat.close()
 
     def __enter__(self) -> "EndpointUser":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _user_content(payload: dict[str, Any]) -> str:
+    """The reply's content; a reply without content is final at once (the shim already stored the turn)."""
+    try:
+        return chat_content(payload)
+    except AnswerError as e:
+        e.retry = False
+        raise

@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from mimesis_lab.chat import tokenize_many
+from mimesis_lab.io import ParquetReadError, read_parquet
 from mimesis_lab.mixture import expand_mixture
 from mimesis_lab.packing import IGNORE_INDEX, PackedRow, fit_examples, pack, packing_efficiency, pad_rows
 
@@ -48,14 +49,10 @@ def read_conversations(path: str | Path, *, expand: bool, seed: int) -> list[lis
     """The conversations of a split parquet, mixture-expanded when ``expand`` and a ``copies``
     column is present (one per conversation otherwise). Raises :class:`DataError` naming ``path``."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: split file not found")
     try:
-        df = pl.read_parquet(path)
-    except Exception as e:  # polars raises several types for a bad file
-        raise DataError(f"{path}: cannot read parquet ({type(e).__name__}: {e})") from None
-    if "messages" not in df.columns:
-        raise DataError(f"{path}: no `messages` column (columns: {df.columns})")
+        df = read_parquet(path, "split file", required=("messages",))
+    except ParquetReadError as e:    # the job's own error type: a clear exit 2, naming the file
+        raise DataError(str(e).replace("split file lacks column(s) ['messages']", "no `messages` column")) from None
     if df.is_empty():
         raise DataError(f"{path}: the split is empty (0 conversations); nothing to train or evaluate on")
     convs = [_to_messages(m) for m in df.get_column("messages").to_list()]

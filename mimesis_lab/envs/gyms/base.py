@@ -50,10 +50,12 @@ class StepResult:
 
 @dataclass(frozen=True)
 class UserReply:
-    """The user's public reply, or an error reason (``text`` is ``None`` then)."""
+    """The user's public reply, or an error reason (``text`` is ``None`` then; ``transient``: a remote
+    user whose retries ran out on a timeout, transport error, 429 or 5xx)."""
 
     text: str | None
     error: str | None = None
+    transient: bool = False
 
 
 class UserSideError(RuntimeError):

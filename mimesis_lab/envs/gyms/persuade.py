@@ -25,7 +25,8 @@ from pathlib import Path
 
 from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
 
-__all__ = ["PersuadeGym", "DEFAULT_TASKS", "load_tasks", "build_rows", "parse_stance", "strip_stance", "STANCE_LABELS"]
+__all__ = ["PersuadeGym", "DEFAULT_TASKS", "load_tasks", "build_rows", "parse_stance", "strip_stance", "STANCE_LABELS",
+           "target_direction"]
 
 DEFAULT_TASKS = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "persuade" / "tasks.json"
 STANCE_LABELS = {1: "strongly disagree", 2: "disagree", 3: "somewhat disagree", 4: "neutral",
@@ -44,7 +45,8 @@ def strip_stance(text: str) -> str:
     return _STANCE_LINE_RE.sub("", text).strip()
 
 
-def _direction(task: dict) -> int:
+def target_direction(task: dict) -> int:
+    """+1 when the task's target stance is ``agree`` (the stance should go up), else -1."""
     return 1 if task["target"] == "agree" else -1
 
 
@@ -121,7 +123,7 @@ class PersuadeGym(Gym):
 
     def total_reward(self) -> float:
         """``d * (stance − initial) / 6`` so far (the sum of the per-turn rewards)."""
-        return _direction(self.task) * (self.stance - int(self.task["initial_stance"])) / 6
+        return target_direction(self.task) * (self.stance - int(self.task["initial_stance"])) / 6
 
     def step(self, choice: str, content: str) -> StepResult:
         if self.done:
@@ -140,7 +142,7 @@ class PersuadeGym(Gym):
                 if new is not None:
                     self.stance = new
                 self.history.append(self.stance)
-                reward = _direction(self.task) * (self.stance - before) / 6
+                reward = target_direction(self.task) * (self.stance - before) / 6
                 info["stance"] = self.stance
                 obs = strip_stance(reply) or "(no reply)"
                 if self.stance == _target_end(self.task):
