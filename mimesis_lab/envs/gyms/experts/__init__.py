@@ -1,81 +1,112 @@
-"""Oracle experts for the gyms: successful traces for the agent's SFT warm start (SPEC §3.2).
+"""Experts for the gyms: rewarded traces for the agent's SFT warm start (SPEC §3.2).
 
-The paper starts agent RL from an SFT checkpoint on *successful* traces. Here an oracle that
-reads the hidden task plays the gyms whose success does not depend on the user's answers, and
-the real gym scores every step — so a trace is kept only if the gym itself rewarded it:
+The paper starts agent RL from an SFT checkpoint on *successful* traces. Here a hand-written expert
+per gym plays the task through the real gym, and the gym scores every step; a trace is kept only if
+the gym rewarded it. An expert sees what the agent sees and nothing else — the row's prompt
+(:class:`~.base.AgentView`) and the observation of each step — so where success depends on what
+only the user knows it must ask the user (an ``action`` turn, or ``answer`` to the customer in
+TauGym) and act on the reply:
 
-- Travel: search for the best option's name, then answer its id (valid search 0.2 + best 1.0);
-- Function: retrieve the test case, answer the expected result;
-- Turtle: explain the solution;
-- Tau: the gold tool calls, then ``###DONE###`` (final-state hash check);
-- Search: search the question, answer the gold answer;
-- Telepathy: name the entity.
+- Travel (:mod:`.travel`): search, ask about what splits the options, recommend the one that fits;
+- Turtle (:mod:`.turtle`): test the twists the surface story suggests with yes/no questions, explain
+  with the confirmed ones;
+- Persuade (:mod:`.persuade`): ask what holds the user back, answer each concern;
+- Intention (:mod:`.intention`): ask what is still missing, then ask about it;
+- Telepathy (:mod:`.telepathy`): narrow the category down with yes/no questions, then guess;
+- Tau (:mod:`.tau`): verify the customer, ask what they need, look it up, confirm, call the tools;
+- Function (:mod:`.function`): retrieve the test case, query it, answer the output;
+- Search (:mod:`.search`): search the question, answer with the span of the passages that fits it.
 
-Persuade and Intention need the user's replies and have no oracle. The traces use the rollout
-format exactly (``[choice] content`` replies, tool feedback with ``Reward: r``), so SFT teaches
-the agent the same interface that GRPO then optimises.
+In the ``agent_traces`` stage the user side is the scripted :class:`~mimesis_lab.envs.gyms.offline_user.OfflineUser`
+(in RL it is the simulator). :func:`expert_trace` records one episode; with ``explore`` it records an
+*exploratory* one (another question order, an extra question, an earlier answer) so RL has choices
+to weigh. Traces use the rollout format exactly (``[choice] content`` replies, tool feedback with
+``Reward: r``), so SFT teaches the interface that GRPO then optimises.
 """
 from __future__ import annotations
 
-import json
 import random
+import zlib
 from typing import Any
 
+from mimesis_lab.envs.gyms.experts.base import Action, AgentView, Expert, agent_view
+from mimesis_lab.envs.gyms.experts.function import FunctionExpert
+from mimesis_lab.envs.gyms.experts.intention import IntentionExpert
+from mimesis_lab.envs.gyms.experts.persuade import PersuadeExpert
+from mimesis_lab.envs.gyms.experts.search import SearchExpert
+from mimesis_lab.envs.gyms.experts.tau import TauExpert
+from mimesis_lab.envs.gyms.experts.telepathy import TelepathyExpert
+from mimesis_lab.envs.gyms.experts.travel import TravelExpert
+from mimesis_lab.envs.gyms.experts.turtle import TurtleExpert
+from mimesis_lab.envs.gyms.offline_user import OfflineUser
 from mimesis_lab.envs.gyms.registry import gym_for_row
 
-__all__ = ["ORACLE_GYMS", "expert_actions", "expert_trace"]
+__all__ = ["EXPERTS", "ORACLE_GYMS", "KINDS", "VAGUE_RATE", "Action", "AgentView", "Expert", "agent_view",
+           "expert_trace", "user_turns"]
 
-ORACLE_GYMS = ("travel", "function", "turtle", "tau", "search", "telepathy")
+EXPERTS: dict[str, type[Expert]] = {e.gym: e for e in (TravelExpert, TurtleExpert, FunctionExpert, TauExpert,
+                                                        PersuadeExpert, IntentionExpert, TelepathyExpert,
+                                                        SearchExpert)}
+ORACLE_GYMS = tuple(EXPERTS)
+KINDS = ("oracle", "exploratory")
+VAGUE_RATE = 0.1   # share of the offline user's replies that are uninformative
 
 
-def expert_actions(gym: str, task: dict[str, Any]) -> list[tuple[str, str]] | None:
-    """The oracle's ``(choice, content)`` sequence for ``task``, or ``None`` for gyms without an oracle."""
-    if gym == "travel":
-        best = next(o for o in task["options"] if o["id"] == task["best_id"])
-        return [("search", str(best.get("name") or best["id"])), ("answer", str(task["best_id"]))]
+def user_turns(gym: str, messages: list[dict[str, str]]) -> int:
+    """How many of the agent's replies went to the user: ``action`` turns (TauGym: ``answer`` turns
+    other than ``###DONE###``; FunctionGym has no user)."""
     if gym == "function":
-        return [("search", "test"), ("answer", f"{float(task['expected_result']):g}")]
-    if gym == "turtle":
-        return [("answer", str(task["solution"]))]
-    if gym == "tau":
-        calls = [("action", json.dumps({"name": a["name"], "arguments": a.get("kwargs") or {}}))
-                 for a in task.get("actions") or []]
-        return calls + [("answer", "###DONE###")]
-    if gym == "search":
-        return [("search", str(task["question"])), ("answer", str(task["answer"]))]
-    if gym == "telepathy":
-        return [("answer", str(task["entity"]))]
-    return None
+        return 0
+    asks = ("[answer] ",) if gym == "tau" else ("[action] ",)
+    return sum(1 for m in messages if m["role"] == "assistant" and m["content"].startswith(asks)
+               and m["content"].strip() != "[answer] ###DONE###")
 
 
 def expert_trace(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]], show_reward: bool = True,
-                 max_steps: int = 16) -> dict[str, Any] | None:
-    """Play the oracle on ``row`` through the real gym; the trace if the gym rewarded it, else ``None``.
+                 max_steps: int = 16, *, explore: int | None = None, user_seed: int | None = None,
+                 vague_rate: float = VAGUE_RATE, user: Any = None) -> dict[str, Any] | None:
+    """Play the gym's expert on ``row`` through the real gym; the trace if the gym rewarded it, else ``None``.
 
-    Returns ``{"messages", "rewards", "total_reward", "gym", "task_id"}`` with messages = the row's
-    prompt, then alternating ``assistant`` replies and ``tool`` feedback (as in rollouts).
+    The expert gets only :func:`agent_view` of the row and the observations. ``user`` is the gym's
+    user side (default: an :class:`OfflineUser`, uninformative ``vague_rate`` of the time, seeded
+    with ``user_seed`` or else from the gym, the task id and ``explore``). ``explore`` (a seed)
+    records an exploratory trace instead of the best play. Returns ``{"messages", "rewards",
+    "total_reward", "gym", "task_id", "kind", "seed", "user_turns"}`` with messages = the row's prompt,
+    then alternating ``assistant`` replies and ``tool`` feedback (as in rollouts), ending with the
+    agent's last reply.
     """
-    gym_name = str(row["data_source"]).removeprefix("interact_")
-    rm = row.get("reward_model") or {}
-    tid = str(rm.get("id"))
-    task = (tasks.get(gym_name) or {}).get(tid)
-    actions = expert_actions(gym_name, task) if task is not None else None
-    if not actions:
+    view = agent_view(row)
+    expert_cls = EXPERTS.get(view.gym)
+    if expert_cls is None:
         return None
+    tid = str((row.get("reward_model") or {}).get("id"))
     gym = gym_for_row(row, tasks, user=None, rng=random.Random(0), max_steps=max_steps)
+    if user is None:
+        seed = zlib.crc32(f"{view.gym}:{tid}:{explore}".encode()) if user_seed is None else user_seed
+        user = OfflineUser(gym, random.Random(seed), vague_rate)
+    gym.user = user
+    expert = expert_cls(view, max_turns=max_steps, explore=None if explore is None else random.Random(explore))
     messages = [dict(m) for m in row["prompt"]]
-    first = gym.reset()
-    if first:
-        messages.append({"role": "tool", "content": first})
+    obs = gym.reset()
+    if obs:
+        messages.append({"role": "tool", "content": obs})
     rewards: list[float] = []
-    for choice, content in actions:
+    while True:
+        action = expert.act(obs)
+        if action is None:
+            break
+        choice, content = action
         messages.append({"role": "assistant", "content": f"[{choice}] {content}"})
         res = gym.step(choice, content)
         rewards.append(float(res.reward))
         if res.done:
             break
-        messages.append({"role": "tool", "content": res.observation + (f"\nReward: {res.reward:g}" if show_reward
-                                                                       else "")})
-    if sum(rewards) <= 0:
+        obs = res.observation
+        messages.append({"role": "tool", "content": obs + (f"\nReward: {res.reward:g}" if show_reward else "")})
+    while messages and messages[-1]["role"] == "tool":   # the expert stopped early: end on its last reply
+        messages.pop()
+    if not rewards or sum(rewards) <= 0:
         return None
-    return {"messages": messages, "rewards": rewards, "total_reward": sum(rewards), "gym": gym_name, "task_id": tid}
+    return {"messages": messages, "rewards": rewards, "total_reward": sum(rewards), "gym": view.gym, "task_id": tid,
+            "kind": KINDS[explore is not None], "seed": 0 if explore is None else int(explore),
+            "user_turns": user_turns(view.gym, messages)}
