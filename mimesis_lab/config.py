@@ -188,6 +188,10 @@ class AgentTracesParams(Section):
     show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback; must equal "
                               "agent_rl.rollout.show_reward so SFT and RL see the same interface.")
     max_steps: int = Field(16, ge=1, description="Gym steps per oracle episode.")
+    explore_share: float = Field(0.25, ge=0, lt=1, description="Share of the output traces that are exploratory "
+                                 "(rewarded but not the expert's best play: another question order, an extra "
+                                 "question, an earlier answer), so RL has choices to weigh.")
+    seed: int = Field(0, description="Seed of the exploratory traces and of the offline user's vague replies.")
     output_dir: str = Field("data/agent_sft", description="Writes <output_dir>/{train,val}.parquet (column "
                             "`messages`: prompt, then alternating assistant replies and tool feedback).")
 

@@ -470,26 +470,39 @@ AGENT_REPLY_RE = r"(?s)^\[(action|answer|search)\] \S"
 
 
 def agent_traces_spec(params: Params, split: str) -> Spec:
-    """``<agent_traces.output_dir>/<split>.parquet``: rewarded oracle traces of the training gyms."""
+    """``<agent_traces.output_dir>/<split>.parquet``: rewarded expert traces of the training gyms, one
+    ``oracle`` trace per task and ``exploratory`` ones (each with its task's oracle trace)."""
     train_gyms = list(params.gyms.train_gyms)
     replies = pl.col("messages").list.eval(
         pl.when(pl.element().struct.field("role") == "assistant").then(pl.element().struct.field("content")))
     replies = replies.list.drop_nulls()
     return Spec(
         name=f"agent_traces/{split}",
-        columns={"data_source": "str", "gym": "str", "task_id": "str", "split": "str", "messages": MESSAGES,
-                 "turn_rewards": pl.List(pl.Float64), "total_reward": "float", "n_turns": "int64"},
-        key=("data_source", "task_id"),
+        columns={"data_source": "str", "gym": "str", "task_id": "str", "split": "str", "kind": "str", "seed": "int64",
+                 "messages": MESSAGES, "turn_rewards": pl.List(pl.Float64), "total_reward": "float", "n_turns": "int64",
+                 "user_turns": "int64"},
+        key=("data_source", "task_id", "kind", "seed"),
         min_rows=1 if split == "train" else 0,
         checks=(
             in_set("gym", train_gyms, "traces come from the training gyms only"),
             in_set("split", [split], "the split column equals the file's split"),
+            in_set("kind", ["oracle", "exploratory"], "a trace is the expert's best play or an exploratory one"),
             between("total_reward", 1e-12, None, "only traces the gym rewarded (total reward > 0)"),
             between("n_turns", 1, None, "at least one agent turn"),
-            unique("task_key", "one trace per (data_source, task_id)"),
+            between("user_turns", 0, None, "agent turns addressed to the user (a count)"),
+            unique("trace_key", "one trace per (data_source, task_id, kind, seed)"),
         ),
         derived=(
-            Derived("task_key", _task_key(), None, "data_source:task_id"),
+            Derived("trace_key", _task_key() + pl.lit(":") + pl.col("kind") + pl.lit(":")
+                    + pl.col("seed").cast(pl.String), None, "data_source:task_id:kind:seed"),
+            Derived("one_oracle_per_task", (pl.col("kind") != "oracle")
+                    | (pl.col("kind").eq("oracle").cast(pl.Int64).sum().over(_task_key()) == 1),
+                    doc="one oracle trace per (data_source, task_id)"),
+            Derived("exploratory_has_oracle", (pl.col("kind") != "exploratory")
+                    | (pl.col("kind").eq("oracle").cast(pl.Int64).sum().over(_task_key()) >= 1),
+                    doc="every exploratory trace's task has its oracle trace in the same split"),
+            Derived("user_turns_fit", pl.col("user_turns") <= pl.col("n_turns"),
+                    doc="user turns are agent turns"),
             Derived("gym_matches_source", (pl.col("data_source") == pl.lit("interact_") + pl.col("gym")),
                     doc="data_source == interact_<gym>", show={"gym": pl.col("gym")}),
             Derived("roles_valid", _roles().list.eval(pl.element().is_in(list(AGENT_ROLES)).all())

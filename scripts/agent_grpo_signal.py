@@ -74,6 +74,34 @@ def decode_row(row: dict) -> dict:
 ASK = "[action] What matters most to you for this trip?"
 
 
+def travel_oracle_actions(task: dict) -> list[tuple[str, str]]:
+    """The task-reading TravelGym oracle this check's warm start was measured with: search the best
+    option's name, answer its id. It reads hidden task fields, so it is *not* the pipeline's warm
+    start (that is :mod:`mimesis_lab.envs.gyms.experts`, which asks the user); it stays here so the
+    measured curve of this check (README) keeps its meaning."""
+    best = next(o for o in task["options"] if o["id"] == task["best_id"])
+    return [("search", str(best.get("name") or best["id"])), ("answer", str(task["best_id"]))]
+
+
+def oracle_trace(row: dict, tasks: dict) -> dict | None:
+    """:func:`travel_oracle_actions` played through the real TravelGym (no user side); the trace if rewarded."""
+    import random
+
+    from mimesis_lab.envs.gyms.registry import gym_for_row
+
+    gym = gym_for_row(row, tasks, user=None, rng=random.Random(0), max_steps=16)
+    messages = [dict(m) for m in row["prompt"]]
+    rewards = []
+    for choice, content in travel_oracle_actions(tasks["travel"][str(row["reward_model"]["id"])]):
+        messages.append({"role": "assistant", "content": f"[{choice}] {content}"})
+        res = gym.step(choice, content)
+        rewards.append(float(res.reward))
+        if res.done:
+            break
+        messages.append({"role": "tool", "content": f"{res.observation}\nReward: {res.reward:g}"})
+    return {"messages": messages, "rewards": rewards, "total_reward": sum(rewards)} if sum(rewards) > 0 else None
+
+
 def with_question(messages: list[dict], reply: str) -> list[dict]:
     """The trace with the agent asking the user first (the user's public ``reply`` as tool feedback)."""
     at = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
@@ -93,14 +121,13 @@ def warm_start(out: Path, rows: list[dict], *, sft_steps: int, seed: int, ask: b
 
     from mimesis_lab.chat import tokenize_chat
     from mimesis_lab.config import ModelParams
-    from mimesis_lab.envs.gyms.experts import expert_trace
     from mimesis_lab.envs.gyms.registry import load_tasks
     from mimesis_lab.models import build_tiny_model, save_hf
     from mimesis_lab.tokenizer import train_tokenizer
 
     tasks = {"travel": load_tasks("travel")}
     decoded = [decode_row(r) for r in rows]
-    traces = [t for t in (expert_trace(r, tasks) for r in decoded) if t is not None]
+    traces = [t for t in (oracle_trace(r, tasks) for r in decoded) if t is not None]
     if traces_fn is not None:
         traces = traces_fn(decoded)
     elif ask:

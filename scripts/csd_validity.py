@@ -180,7 +180,6 @@ def topic_traces(rows: list[dict], plain_copies: int = 2, subsets: int = 3, seed
     asks the right topic while the student, without it, does not."""
     import random as _random
 
-    from mimesis_lab.envs.gyms.experts import expert_actions
     from mimesis_lab.envs.gyms.registry import load_tasks
     from mimesis_lab.judges.coach import CATEGORIES
 
@@ -189,7 +188,7 @@ def topic_traces(rows: list[dict], plain_copies: int = 2, subsets: int = 3, seed
     out = []
     for row in rows:
         task = tasks["travel"].get(str(row["reward_model"]["id"]))
-        oracle = list(expert_actions("travel", task) or []) if task else []
+        oracle = sig.travel_oracle_actions(task) if task else []
         if not oracle:
             continue
         ask = ("action", GENERIC_ASK)

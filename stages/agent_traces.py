@@ -1,24 +1,38 @@
-"""DVC stage ``agent_traces``: successful oracle traces of the training gyms, for the agent's SFT warm start.
+"""DVC stage ``agent_traces``: rewarded expert traces of the training gyms, for the agent's SFT warm start.
 
 The paper starts agent RL from an SFT checkpoint on *successful* traces (SPEC §3.2). For every
-``train``/``val`` row of the ``gyms`` stage, the gym's oracle (:mod:`mimesis_lab.envs.gyms.experts`)
+``train``/``val`` row of the ``gyms`` stage, the gym's expert (:mod:`mimesis_lab.envs.gyms.experts`)
 plays the task through the real gym, which scores every step; a trace is kept only when the gym
-rewarded it. The traces use the rollout interface exactly (``[choice] content`` replies; tool
-feedback with ``Reward: r`` when ``show_reward``), so SFT teaches what GRPO then optimises.
+rewarded it. The expert sees only what the agent sees (the prompt and the observations); where the
+reward depends on what only the user knows it asks the user, here the scripted
+:class:`~mimesis_lab.envs.gyms.offline_user.OfflineUser` (in RL the simulator). The traces use the
+rollout interface exactly (``[choice] content`` replies; tool feedback with ``Reward: r`` when
+``show_reward``), so SFT teaches what GRPO then optimises.
 
-Nothing is lost: a row whose gym has no oracle (Persuade needs the user's replies), whose oracle
-trace earned no reward, or whose episode raised is quarantined with its reason
-(``no_oracle:``, ``unrewarded:``, ``error:``), and ``rows_in == rows_out + rows_quarantined``.
+Each kept row gives one ``oracle`` trace (the expert's best play). Besides, ``explore_share`` of
+the output traces are ``exploratory``: the expert's play with seeded deviations (another question
+order, an extra question, an earlier answer), rewarded but often less, so RL has choices to weigh.
+They are drawn per split from the rows with an oracle trace (seeded shuffle, ``seed``), up to
+``EXPLORE_TRIES`` seeds per row; one that is unrewarded, or repeats a trace already kept, is not
+kept (counted in ``metrics``' ``explore``). ``explore_share`` and ``seed`` come from
+``params.agent_traces`` when it has them, else from the keyword defaults.
+
+Nothing is lost: a row whose gym has no expert, whose oracle trace earned no reward, or whose
+episode raised is quarantined with its reason (``no_oracle:``, ``unrewarded:``, ``error:``), and
+``rows_in == rows_out + rows_quarantined`` (``rows_out`` counts the input rows with an oracle
+trace; the outputs also hold the exploratory traces).
 
 Each output is checked with its great-expectations suite (:func:`mimesis_lab.expectations.agent_traces_spec`)
 before it is written; a failing suite fails the stage with the failed expectations named.
-Writes ``<output_dir>/{train,val}.parquet``: ``data_source, gym, task_id, split, messages,
-turn_rewards, total_reward, n_turns``.
+Writes ``<output_dir>/{train,val}.parquet``: ``data_source, gym, task_id, split, kind, seed, messages,
+turn_rewards, total_reward, n_turns, user_turns`` (``user_turns``: agent turns addressed to the user).
 """
 from __future__ import annotations
 
 import json
+import random
 import sys
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,8 +49,11 @@ from stages.common import StageError, StageResult, main
 STAGE = "agent_traces"
 SPLITS = ("train", "val")
 MESSAGES = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
-SCHEMA = {"data_source": pl.String, "gym": pl.String, "task_id": pl.String, "split": pl.String, "messages": MESSAGES,
-          "turn_rewards": pl.List(pl.Float64), "total_reward": pl.Float64, "n_turns": pl.Int64}
+SCHEMA = {"data_source": pl.String, "gym": pl.String, "task_id": pl.String, "split": pl.String, "kind": pl.String,
+          "seed": pl.Int64, "messages": MESSAGES, "turn_rewards": pl.List(pl.Float64), "total_reward": pl.Float64,
+          "n_turns": pl.Int64, "user_turns": pl.Int64}
+EXPLORE_SHARE = 0.25   # default share of exploratory traces among the output traces (agent_traces.explore_share)
+EXPLORE_TRIES = 3      # exploration seeds tried per row
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -51,23 +68,76 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def trace_row(row: dict[str, Any], tasks: dict[str, dict[str, Any]], show_reward: bool, max_steps: int
-              ) -> tuple[dict[str, Any] | None, str | None]:
-    """``(output row, None)`` for a rewarded oracle trace, else ``(None, quarantine reason)``."""
+def trace_row(row: dict[str, Any], tasks: dict[str, dict[str, Any]], show_reward: bool, max_steps: int,
+              explore: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """``(output row, None)`` for a rewarded trace (the oracle's, or the exploratory one of seed
+    ``explore``), else ``(None, quarantine reason)``."""
     gym = str(row.get("gym"))
     tid = str(row.get("task_id"))
     if gym not in experts.ORACLE_GYMS:
-        return None, f"no_oracle: gym {gym!r} has no oracle expert (its success depends on the user's replies)"
+        return None, f"no_oracle: gym {gym!r} has no expert"
+    kind = "oracle" if explore is None else "exploratory"
     try:
-        tr = experts.expert_trace(row, tasks, show_reward=show_reward, max_steps=max_steps)
+        tr = experts.expert_trace(row, tasks, show_reward=show_reward, max_steps=max_steps, explore=explore)
     except Exception as e:  # noqa: BLE001 - an episode that raises is this row's problem
         return None, f"error: {gym} task {tid!r}: {type(e).__name__}: {e}"
     if tr is None:
-        return None, f"unrewarded: the {gym} oracle trace for task {tid!r} earned no reward"
-    return {"data_source": row["data_source"], "gym": gym, "task_id": tid, "split": row["split"],
+        return None, f"unrewarded: the {gym} {kind} trace for task {tid!r} earned no reward"
+    return {"data_source": row["data_source"], "gym": gym, "task_id": tid, "split": row["split"], "kind": kind,
+            "seed": 0 if explore is None else int(explore),
             "messages": [{"role": m["role"], "content": m["content"]} for m in tr["messages"]],
             "turn_rewards": [float(x) for x in tr["rewards"]], "total_reward": float(tr["total_reward"]),
-            "n_turns": len(tr["rewards"])}, None
+            "n_turns": len(tr["rewards"]), "user_turns": int(tr.get("user_turns", 0))}, None
+
+
+def explore_rows(kept: list[tuple[dict[str, Any], dict[str, Any]]], tasks: dict[str, dict[str, Any]],
+                 show_reward: bool, max_steps: int, share: float, seed: int, counts: Counter
+                 ) -> list[dict[str, Any]]:
+    """Exploratory traces so that they are ``share`` of all traces: ``round(share / (1 - share) * n)``
+    for ``n`` oracle traces ``kept`` (``(input row, oracle trace)`` pairs), drawn from the rows in a
+    shuffle seeded by ``seed``, up to :data:`EXPLORE_TRIES` seeds each. ``counts`` gets ``attempts``,
+    ``kept``, ``unrewarded``, ``duplicate`` and ``error``."""
+    if not kept or share <= 0:
+        return []
+    want = round(min(share, 0.95) / (1 - min(share, 0.95)) * len(kept))
+    order = list(range(len(kept)))
+    random.Random(seed).shuffle(order)
+    seen = {json.dumps(rec["messages"]) for _, rec in kept}
+    out: list[dict[str, Any]] = []
+    for k in range(1, EXPLORE_TRIES + 1):
+        for i in order:
+            if len(out) >= want:
+                return out
+            row, _ = kept[i]
+            ex_seed = zlib.crc32(f"{seed}:{row.get('gym')}:{row.get('task_id')}:{k}".encode())
+            counts["attempts"] += 1
+            rec, reason = trace_row(row, tasks, show_reward, max_steps, explore=ex_seed)
+            if rec is None:
+                counts[str(reason).split(":")[0]] += 1
+                continue
+            key = json.dumps(rec["messages"])
+            if key in seen:
+                counts["duplicate"] += 1
+                continue
+            seen.add(key)
+            counts["kept"] += 1
+            out.append(rec)
+    return out
+
+
+def gym_summary(frame: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per gym and kind: traces, mean reward, mean turns, share of traces that asked the user."""
+    if frame.height == 0:
+        return {}
+    agg = frame.group_by("gym", "kind").agg(pl.len().alias("traces"),
+                                            pl.col("total_reward").mean().alias("mean_reward"),
+                                            pl.col("n_turns").mean().alias("mean_turns"),
+                                            (pl.col("user_turns") > 0).mean().alias("asked_user_share"))
+    out: dict[str, dict[str, Any]] = {}
+    for r in agg.sort("gym", "kind").to_dicts():
+        out.setdefault(r["gym"], {})[r["kind"]] = {k: (round(v, 4) if isinstance(v, float) else v)
+                                                   for k, v in r.items() if k not in ("gym", "kind")}
+    return out
 
 
 def check(params: Params, frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
@@ -88,17 +158,25 @@ def check(params: Params, frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
     return report
 
 
-def build(params: Params) -> StageResult:
+def build(params: Params, explore_share: float | None = None, seed: int | None = None) -> StageResult:
+    """The stage; ``explore_share`` / ``seed`` override ``params.agent_traces`` (defaults
+    :data:`EXPLORE_SHARE` and 0 where the params have no such key)."""
     cfg = params.agent_traces
+    share = float(explore_share if explore_share is not None else cfg.explore_share)
+    seed = int(seed if seed is not None else cfg.seed)
+    if not 0 <= share < 1:
+        raise StageError(f"agent_traces.explore_share must be in [0, 1), got {share}")
     quarantine = Quarantine()
     inputs = [Path(cfg.gyms_dir) / f"{s}.parquet" for s in SPLITS]
     out: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-    rows_in = 0
+    rows_in = rows_out = 0
     per_gym: dict[str, Counter] = {}
+    explore: Counter = Counter()
     tasks_cache: dict[str, dict[str, Any]] = {}
     for split, path in zip(SPLITS, inputs):
         rows = read_rows(path)
         rows_in += len(rows)
+        kept: list[tuple[dict[str, Any], dict[str, Any]]] = []
         for i, row in enumerate(rows, 1):
             gym = str(row.get("gym"))
             if gym not in tasks_cache and gym in experts.ORACLE_GYMS:
@@ -109,19 +187,30 @@ def build(params: Params) -> StageResult:
                 quarantine.add(str(path), i, reason, json.dumps({k: row.get(k) for k in ("gym", "task_id", "split")}))
                 c[f"quarantined_{reason.split(':')[0]}"] += 1
             else:
-                out[split].append(rec)
+                kept.append((row, rec))
                 c[split] += 1
+        rows_out += len(kept)
+        extra_rows = explore_rows(kept, tasks_cache, cfg.show_reward, cfg.max_steps, share,
+                                  zlib.crc32(f"{seed}:{split}".encode()), explore)
+        for rec in extra_rows:
+            per_gym[rec["gym"]][f"{split}_exploratory"] += 1
+        out[split] = [rec for _, rec in kept] + extra_rows
     frames = {s: pl.DataFrame(out[s], schema=SCHEMA) for s in SPLITS}
-    if frames["train"].height == 0:
+    if not (frames["train"].get_column("kind") == "oracle").any():
         raise StageError(f"no successful oracle trace in {inputs[0]}: nothing to fine-tune the agent on")
     validation = check(params, frames)
     outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
+    total = sum(f.height for f in frames.values())
+    n_explore = sum(int((f.get_column("kind") == "exploratory").sum()) for f in frames.values())
     extra = {"sizes": {s: frames[s].height for s in SPLITS}, "per_gym": {g: dict(c) for g, c in per_gym.items()},
              "mean_total_reward": {s: (frames[s].get_column("total_reward").mean() if frames[s].height else None)
                                    for s in SPLITS},
+             "summary": {s: gym_summary(frames[s]) for s in SPLITS},
+             "explore": {"share_target": share, "share": round(n_explore / total, 4) if total else 0.0, "seed": seed,
+                         **dict(explore)},
              "validation": validation}
-    return StageResult(outputs=outputs, rows_in=rows_in, rows_out=sum(f.height for f in frames.values()),
-                       quarantine=quarantine, inputs=inputs, extra=extra)
+    return StageResult(outputs=outputs, rows_in=rows_in, rows_out=rows_out, quarantine=quarantine, inputs=inputs,
+                       extra=extra)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The `agent_traces` data stage: rewarded oracle traces of the training gyms (the agent's SFT warm
-start), every row accounted for (kept or quarantined with its reason), the great-expectations suite
-on the output, and clear errors on malformed input."""
+"""The `agent_traces` data stage: rewarded expert traces of the training gyms (the agent's SFT warm
+start) — one oracle trace per task plus a seeded share of exploratory ones — every row accounted for
+(kept or quarantined with its reason), the great-expectations suite on the output, and clear errors
+on malformed input."""
 from __future__ import annotations
 
 import json
@@ -30,20 +31,49 @@ def test_every_row_accounted_and_traces_rewarded(project):
     res = A.build(params)
     n_in = sum(pl.read_parquet(f"data/gyms/{s}.parquet").height for s in ("train", "val"))
     assert res.rows_in == n_in == res.rows_out + len(res.quarantine)
-    q = res.quarantine.to_frame()
-    assert set(q.get_column("reason").str.extract(r"^([a-z_]+):").to_list()) == {"no_oracle"}   # persuade only
+    assert len(res.quarantine) == 0        # every training gym has an expert, and each bundled task is rewarded
     train = res.outputs["data/agent_sft/train.parquet"]
-    assert set(train.get_column("gym")) == {"travel", "turtle", "function", "tau"}
+    assert set(train.get_column("gym")) == {"travel", "turtle", "function", "tau", "persuade"}
     assert (train.get_column("total_reward") > 0).all()
+    oracle = train.filter(pl.col("kind") == "oracle")
+    assert oracle.height + len(res.outputs["data/agent_sft/val.parquet"].filter(pl.col("kind") == "oracle")) \
+        == res.rows_out
     for msgs in train.get_column("messages").to_list()[:5]:
         roles = [m["role"] for m in msgs]
         assert roles[-1] == "assistant" and len(roles) >= 3
         assert all(m["content"].startswith(("[action] ", "[answer] ", "[search] ")) for m in msgs
                    if m["role"] == "assistant")
+    # the experts talk to the user wherever the reward depends on the user (FunctionGym has none)
+    asked = oracle.group_by("gym").agg((pl.col("user_turns") > 0).mean().alias("share"))
+    assert dict(asked.iter_rows()) == {"travel": 1.0, "turtle": 1.0, "tau": 1.0, "persuade": 1.0, "function": 0.0}
     assert all(v["success"] for v in res.extra["validation"].values())
     # no train/val task in both outputs
     val = res.outputs["data/agent_sft/val.parquet"]
     assert not set(train.get_column("task_id")) & set(val.get_column("task_id"))
+
+
+def test_exploratory_traces_take_their_share_seeded_and_marked(project):
+    params = load_params("params.yaml")
+    res = A.build(params, explore_share=0.25, seed=3)
+    frames = [res.outputs[f"data/agent_sft/{s}.parquet"] for s in ("train", "val")]
+    both = pl.concat(frames)
+    n_oracle = int((both.get_column("kind") == "oracle").sum())
+    n_explore = int((both.get_column("kind") == "exploratory").sum())
+    # 1 exploratory per 3 oracle traces (share 0.25 of all), split by split
+    assert n_explore == sum(round(0.25 / 0.75 * int((f.get_column("kind") == "oracle").sum())) for f in frames)
+    assert res.extra["explore"]["share"] == pytest.approx(n_explore / (n_oracle + n_explore), abs=1e-4)
+    assert res.extra["explore"]["kept"] == n_explore and res.extra["explore"]["attempts"] >= n_explore
+    explore = both.filter(pl.col("kind") == "exploratory")
+    assert (explore.get_column("seed") != 0).all() and (explore.get_column("total_reward") > 0).all()
+    for rec in explore.to_dicts():   # each has its task's oracle trace, and differs from it
+        twin = both.filter((pl.col("task_id") == rec["task_id"]) & (pl.col("kind") == "oracle")).to_dicts()
+        assert len(twin) == 1 and twin[0]["messages"] != rec["messages"]
+    again = A.build(params, explore_share=0.25, seed=3)
+    assert again.outputs["data/agent_sft/train.parquet"].equals(res.outputs["data/agent_sft/train.parquet"])
+    none = A.build(params, explore_share=0.0)
+    assert set(none.outputs["data/agent_sft/train.parquet"].get_column("kind")) == {"oracle"}
+    with pytest.raises(StageError, match="explore_share"):
+        A.build(params, explore_share=1.0)
 
 
 def test_unrewarded_and_failing_oracles_are_quarantined(project, monkeypatch):
@@ -61,7 +91,7 @@ def test_unrewarded_and_failing_oracles_are_quarantined(project, monkeypatch):
     monkeypatch.setattr(experts, "expert_trace", flaky)
     res = A.build(load_params("params.yaml"))
     reasons = res.quarantine.to_frame().get_column("reason").to_list()
-    assert any(r.startswith("unrewarded: the travel oracle") for r in reasons)
+    assert any(r.startswith("unrewarded: the travel oracle trace") for r in reasons)
     assert any(r.startswith("error: turtle task") and "exploded" in r for r in reasons)
     assert res.rows_in == res.rows_out + len(res.quarantine)
 
