@@ -1,0 +1,1 @@
+"""A seeded synthetic world (placeholder docstring, replaced below)."""
