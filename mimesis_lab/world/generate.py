@@ -106,9 +106,10 @@ def chat_record(d: Dialogue, key: str, rng: random.Random) -> dict[str, Any]:
     turn_id = rng.randint(100_000, 999_999)
     for m in d.turns:
         t += timedelta(seconds=rng.randint(8, 90))
+        content = m.content.replace(" ###STOP###", "")  # the tau protocol marker is for the instructed simulator
         user = m.role == "user"
         turn_id += user
-        conv.append({"role": m.role, "content": m.content, "language": "English", "hashed_ip": u.uid if user else None,
+        conv.append({"role": m.role, "content": content, "language": "English", "hashed_ip": u.uid if user else None,
                      "timestamp": _iso(t), "turn_identifier": turn_id, "toxic": False, "redacted": False,
                      "country": "United States" if user else None, "state": state if user else None})
     return {"conversation_hash": hashlib.md5(key.encode()).hexdigest(), "model": rng.choice(MODELS),
@@ -192,7 +193,10 @@ def generate_world(params: WorldParams, out_dir: str | Path) -> dict[str, int]:
 
     def remember(d: Dialogue) -> None:
         ctx = TOM_CONTEXT[d.domain].format(claim=L.CLAIMS[d.meta["claim"]][0].rstrip(".") if "claim" in d.meta else "")
-        pool.extend((ctx, t.content, t.reason) for t in d.turns[:6] if t.role == "user" and t.reason)
+        hidden = [h.lower() for h in d.hidden if h]
+        for t in d.turns:  # turns whose reason holds what the message withholds: the point of theory of mind
+            if t.role == "user" and any(h in t.reason.lower() and h not in t.content.lower() for h in hidden):
+                pool.append((ctx, t.content, t.reason))
 
     # ---- chats (mid-training)
     rng = _rng(p.seed, "chats")
@@ -233,7 +237,7 @@ def generate_world(params: WorldParams, out_dir: str | Path) -> dict[str, int]:
             u = r.choice(fans) if fans and r.random() < 0.7 else r.choice(users)
             d, log = _support(u, r, p, behavior=b, enact=r.random() < p.enact_rate)
             info = {"behavior": d.meta["behavior"], "kwargs": d.meta["kwargs"], "enacted": d.meta["enacted"],
-                    "scenario": d.meta["scenario"], "exhibit": support.exhibit(d, log), "public_log": log}
+                    "scenario": d.meta["scenario"], "exhibit": support.exhibit(d, log)}
         else:
             u = r.choice(users)
             d = draw_dialogue(dom, u, r, p)

@@ -12,13 +12,13 @@ TT_DOMAINS = ("support", "travel", "retail", "telepathy", "turtle", "persuade", 
 
 
 class WorldParams(BaseModel):
-    """Sizes default to what the tiny CPU pipeline digests in minutes (~60k user-turn words of chats)."""
+    """Sizes default to what the tiny CPU pipeline digests in minutes (~50k target tokens of chats in the train split)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     seed: int = Field(1234, description="Seed of everything: same seed, byte-identical files.")
     users: int = Field(150, ge=8, le=5000, description="Users in the population (every dataset draws from them).")
-    chats_per_user: int = Field(8, ge=1, description="WildChat-style chats per user (mid-training corpus).")
+    chats_per_user: int = Field(12, ge=1, description="WildChat-style chats per user (mid-training corpus).")
     chat_mix: dict[str, float] = Field(
         default_factory=lambda: {"wildchat_travel": 3.0, "wildchat_shopping": 2.0, "wildchat_games": 2.0,
                                  "tom_social": 1.0},

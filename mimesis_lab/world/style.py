@@ -81,10 +81,9 @@ def say(u: User, template: str, rng: random.Random, kind: str = "answer", first:
     politeness markers; ``complaint``, ``raw`` do not (``raw`` keeps casing and punctuation too).
     ``slots`` fill ``{name}`` placeholders after expansion (values with brackets, e.g. phone numbers)."""
     text = expand(template, rng, u.verbosity)
-    if slots:
-        text = text.format(**slots)
+    fill = (lambda x: x.format(**slots)) if slots else (lambda x: x)  # noqa: E731 - values keep their case
     if kind == "raw":
-        return text
+        return fill(text)
     body = text.rstrip(" .!")
     q = body.endswith("?")
     body = body.rstrip("?")
@@ -105,10 +104,10 @@ def say(u: User, template: str, rng: random.Random, kind: str = "answer", first:
         end = "!"
     text = body + end
     if u.casing == "lower":
-        return text.lower()
+        return fill(text.lower())
     text = re.sub(r"\bi\b", "I", text)
     text = re.sub(r"\bi'(m|ll|d|ve)\b", lambda m: "I'" + m.group(1), text)
-    return text[:1].upper() + text[1:]
+    return fill(text[:1].upper() + text[1:])
 
 
 class Turn:
