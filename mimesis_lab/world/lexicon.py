@@ -35,13 +35,13 @@ PETS = ("none", "dog", "cat")
 TRAVEL_CITIES = ("lisbon", "rome", "paris", "berlin", "madrid", "prague", "vienna", "athens")
 #: trip purpose -> (phrase in a request, area weights, amenity weights, budget shift)
 PURPOSES = {
-    "work": ("work trip", {"centre": 6, "station": 3, "old town": 1}, {"wifi": 6, "gym": 2, "breakfast": 2}, 1),
-    "family": ("family holiday", {"beach": 4, "quiet": 4, "centre": 2},
-               {"family rooms": 5, "pool": 3, "parking": 2}, 0),
-    "beach": ("beach break", {"beach": 8, "quiet": 2}, {"pool": 4, "breakfast": 3, "parking": 3}, 0),
-    "romantic": ("romantic weekend", {"old town": 5, "quiet": 3, "beach": 2}, {"spa": 6, "breakfast": 4}, 1),
-    "backpacking": ("backpacking trip", {"station": 5, "centre": 3, "old town": 2}, {"wifi": 4, "breakfast": 6}, -2),
-    "city": ("city break", {"old town": 5, "centre": 5}, {"breakfast": 4, "wifi": 3, "gym": 3}, 0),
+    "work": ("work trip", {"centre": 6, "station": 3, "old town": 1}, {"wifi": 7, "gym": 2, "breakfast": 1}, 1),
+    "family": ("family holiday", {"beach": 5, "quiet": 4, "centre": 1},
+               {"family rooms": 6, "pool": 3, "parking": 1}, 0),
+    "beach": ("beach break", {"beach": 8, "quiet": 2}, {"pool": 6, "breakfast": 2, "parking": 2}, 0),
+    "romantic": ("romantic weekend", {"old town": 6, "quiet": 3, "beach": 1}, {"spa": 7, "breakfast": 3}, 1),
+    "backpacking": ("backpacking trip", {"station": 6, "centre": 3, "old town": 1}, {"breakfast": 7, "wifi": 3}, -2),
+    "city": ("city break", {"old town": 6, "centre": 4}, {"gym": 6, "breakfast": 2, "wifi": 2}, 0),
 }
 AREAS = ("centre", "station", "old town", "beach", "quiet")
 #: area -> (option tag, how a user states it, the keyword the travel gym rewards)

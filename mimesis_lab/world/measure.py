@@ -6,7 +6,7 @@
   behaviour-conditioned ThoughtTrace support conversation: share exhibiting the behaviour
   (exhibit ≥ 0.5), for the conversations drawn to enact it and for the others;
 - :func:`context_prediction` — how well the public trip purpose of a travel request predicts the
-  hidden area and amenity (majority table fitted on half the users, scored on the other half)
+  hidden area and amenity (majority table fitted on one half of the users, scored on the other)
   against the majority-class baseline, and the same for a food lover's cuisine → their food;
 - :func:`lengths` — words per reason and per message, user turns per conversation;
 - :func:`word_coverage` — share of word tokens of held-out users' chats/conversations seen in
@@ -85,43 +85,63 @@ def enactment(tt: list[dict[str, Any]], meta: list[dict[str, Any]]) -> dict[str,
             "exhibited_by_behavior": {b: round(shown[b] / total[b], 2) for b in sorted(total, key=lambda x: int(x[1:]))}}
 
 
-def _fit_score(pairs: list[tuple[str, str]]) -> tuple[float, float]:
-    """(accuracy of a majority-per-context table fitted on even rows, majority baseline) on odd rows."""
-    train, test = pairs[0::2], pairs[1::2]
-    table: dict[str, Counter] = defaultdict(Counter)
-    for c, y in train:
-        table[c][y] += 1
-    overall = Counter(y for _, y in train).most_common(1)[0][0]
-    acc = sum((table[c].most_common(1)[0][0] if table[c] else overall) == y for c, y in test) / len(test)
-    base = sum(overall == y for _, y in test) / len(test)
-    return acc, base
+def _cv_score(pairs: list[tuple[str, str, str]], table_rows: list[tuple[str, str, str]]) -> tuple[float, float]:
+    """Two-fold cross-validation over users. ``pairs``: (user, public context, hidden value) to score;
+    ``table_rows``: (user, context, value) of the whole population. A user of one fold is predicted by
+    the majority value of their context among the other fold's users; the baseline predicts the other
+    fold's overall majority value (ties: the alphabetically first value)."""
+    fold = {u: i % 2 for i, (u, _, _) in enumerate(sorted(table_rows))}
+    tables: list[dict[str, Counter]] = [defaultdict(Counter), defaultdict(Counter)]
+    overall = [Counter(), Counter()]
+    for u, c, y in table_rows:
+        tables[fold[u]][c][y] += 1
+        overall[fold[u]][y] += 1
+
+    def top(cnt: Counter) -> str | None:
+        return min(cnt, key=lambda k: (-cnt[k], k)) if cnt else None
+    acc = base = 0
+    for u, c, y in pairs:
+        other = 1 - fold[u]
+        acc += (top(tables[other][c]) or top(overall[other])) == y
+        base += top(overall[other]) == y
+    return acc / len(pairs), base / len(pairs)
 
 
 def context_prediction(tt: list[dict[str, Any]], population: list[dict[str, Any]],
-                       travel_tasks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Public context → hidden preference, on the public text only (request / category strings)."""
+                       travel_tasks: list[dict[str, Any]] | None = None,
+                       chats: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Public context → hidden preference, one row per user (leave-one-user-out).
+
+    The context of a scored user is read from public text only: the trip purpose named in their hotel
+    requests (first messages of ThoughtTrace conversations and chats, TravelGym requests), the cuisine
+    named in a guessing-game category; the hidden value is the user's trait. Majority value per context
+    vs the overall majority value, both fitted on the other half of the users (:func:`_cv_score`).
+    """
     users = {u["uid"]: u for u in population}
     phrase = {v[0]: k for k, v in L.PURPOSES.items()}
     rx = re.compile("|".join(re.escape(p) for p in phrase))
-    area, amen, food = [], [], []
-    texts: list[tuple[str, str]] = []
-    for rec in tt:
-        first = rec["messages"][0]["content"].lower()
-        texts.append((rec["id"].split("_")[0], first))
-    for t in travel_tasks or []:
-        texts.append((t["world_user"], t["request"].lower()))
+    purpose_of: dict[str, str] = {}
+    texts = [(rec["id"].split("_")[0], rec["messages"][0]["content"].lower()) for rec in tt]
+    texts += [(t["world_user"], t["request"].lower()) for t in travel_tasks or []]
+    texts += [(r["hashed_ip"], r["conversation"][0]["content"].lower()) for r in chats or []]
     for uid, text in texts:
         m = rx.search(text)
         if m and "hotel" in text:
-            u = users[uid]
-            area.append((phrase[m.group(0)], u["area"]))
-            amen.append((phrase[m.group(0)], u["amenity"]))
-    for u in population:
-        food.append((u["cuisine"], u["fav"]["food"]))
+            purpose_of.setdefault(uid, phrase[m.group(0)])
+    cuisine_of: dict[str, str] = {}
+    for uid, text in texts:
+        m = re.search(r"food i love as an? (\w+) fan", text)
+        if m:
+            cuisine_of.setdefault(uid, m.group(1))
     out = {}
-    for name, pairs in (("area_from_purpose", area), ("amenity_from_purpose", amen), ("food_from_cuisine", food)):
-        acc, base = _fit_score(pairs)
-        out[name] = {"n": len(pairs), "accuracy": round(acc, 3), "majority_baseline": round(base, 3)}
+    for name, seen, ctx, value in (
+            ("area_from_purpose", purpose_of, "purpose", lambda u: u["area"]),
+            ("amenity_from_purpose", purpose_of, "purpose", lambda u: u["amenity"]),
+            ("food_from_cuisine", cuisine_of, "cuisine", lambda u: u["fav"]["food"])):
+        pairs = [(uid, c, value(users[uid])) for uid, c in sorted(seen.items())]
+        table = [(u["uid"], u[ctx], value(u)) for u in population]
+        acc, base = _cv_score(pairs, table) if pairs else (0.0, 0.0)
+        out[name] = {"users": len(pairs), "accuracy": round(acc, 3), "majority_baseline": round(base, 3)}
     return out
 
 
@@ -169,11 +189,11 @@ def measure_all(root: str | Path) -> dict[str, Any]:
     pop = read_jsonl(root / "world" / "population.jsonl")
     travel = json.loads((root / "gyms" / "travel" / "tasks.json").read_text())
     docs: list[tuple[str, str]] = []
-    for f in sorted((root / "chats").glob("*.jsonl")):
-        for r in read_jsonl(f):
-            docs.append((r["hashed_ip"], "\n".join(m["content"] for m in r["conversation"])))
+    chats = [r for f in sorted((root / "chats").glob("*.jsonl")) for r in read_jsonl(f)]
+    for r in chats:
+        docs.append((r["hashed_ip"], "\n".join(m["content"] for m in r["conversation"])))
     for r in tt:
         docs.append((r["id"].split("_")[0], "\n".join(m["content"] + " " + _reason(m) for m in r["messages"])))
     return {"withholding": withholding(tt, meta), "enactment": enactment(tt, meta),
-            "context_prediction": context_prediction(tt, pop, travel), "lengths": lengths(tt),
+            "context_prediction": context_prediction(tt, pop, travel, chats), "lengths": lengths(tt),
             "word_coverage_held_out_users": round(word_coverage(docs), 4)}

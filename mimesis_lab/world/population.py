@@ -148,12 +148,14 @@ def sample_population(seed: int, n: int) -> list[User]:
         budget = rng.choice((0, 1, 2))  # low, mid, high
         band = max(0, min(len(L.PRICE_BANDS) - 1, 2 * budget + rng.choice((0, 1)) + (shift > 0) - (shift < 0)))
         pet = rng.choices(L.PETS, weights=(5, 3, 2))[0]
-        amenity = "pet friendly" if pet != "none" and rng.random() < 0.6 else weighted(rng, amen_w)
+        amenity = "pet friendly" if pet != "none" and rng.random() < 0.3 else weighted(rng, amen_w)
         cuisine = rng.choice(L.CUISINES)
         survey = tuple(sorted(rng.sample(L.SURVEY_PURPOSES, 2)))
         transport = rng.choice(L.TRANSPORT)
         traits = {"pet": pet, "budget": budget, "transport": transport, "survey_purposes": survey}
-        fav_food = rng.choice(L.CUISINE_FOODS[cuisine]) if rng.random() < 0.7 else rng.choice(sorted(L.ENTITIES["food"]))
+        r = rng.random()  # a cuisine fan's favourite food: mostly its signature dish
+        fav_food = L.CUISINE_FOODS[cuisine][0] if r < 0.6 else rng.choice(L.CUISINE_FOODS[cuisine]) if r < 0.8 \
+            else rng.choice(sorted(L.ENTITIES["food"]))
         fav_animal = pet if pet != "none" and rng.random() < 0.5 else rng.choice(sorted(L.ENTITIES["animal"]))
         users.append(User(
             uid=f"user{i + 1:04d}", first=first, last=last,
