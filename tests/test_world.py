@@ -159,6 +159,18 @@ def test_stages_accept_the_world_without_quarantine(stages_run):
     assert all(sizes[d]["val"] > 0 for d in sizes)
 
 
+def test_great_expectations_suites_pass_on_the_world(stages_run):
+    from stages.validate import validate_all
+
+    cwd = os.getcwd()
+    os.chdir(stages_run["_proj"]["path"])
+    try:
+        report = validate_all(C.load_params("params.yaml"))
+    finally:
+        os.chdir(cwd)
+    assert report["success"] and report["failed"] == 0 and report["suites_total"] >= 20
+
+
 def test_midtrain_volume_and_val_tokens_seen_in_train(stages_run):
     """BPE tokens (the tokenizer the stage trained on the train splits): ≥ 45k target tokens per
     mid-training epoch, and ≥ 99% of validation tokens occur in training."""

@@ -68,8 +68,8 @@ def _support(u: User, rng: random.Random, p: WorldParams, behavior: str | None =
         kw = support.behavior_kwargs(sc, b, rng, p.behavior_turn_budget)
         if kw is not None:
             on = (b != "N") if enact is None else enact
-            return support.support_dialogue(u, rng, sc, b, kw, on, rng.randint(max(4, p.min_user_turns),
-                                                                                max(4, p.max_user_turns)),
+            most = max(4, p.max_user_turns) if behavior is None else p.behavior_turn_budget  # the prompt's budget
+            return support.support_dialogue(u, rng, sc, b, kw, on, rng.randint(min(4, most), most),
                                              p.behavior_turn_budget)
     sc = support.make_scenario(u, rng, support.SUBFLOWS[0], 0)
     return support.support_dialogue(u, rng, sc, "N", {}, False, max(4, p.max_user_turns), p.behavior_turn_budget)

@@ -154,7 +154,7 @@ class Customer:
     def fields_text(self, fields: list[str]) -> str:
         """A template for the asked fields; values are slots ``{f0}``, ``{f1}``… (see :attr:`slots`)."""
         fields = [f for f in fields if self.v(f)]
-        self.slots = {f"f{i}": self.v(f) for i, f in enumerate(fields)}
+        self.slots = {f"f{i}": self.v(f).replace("  ", ", ") for i, f in enumerate(fields)}
         parts = [self.rng.choice(_SAY_FIELD.get(f, "{v}").strip("()").split("|")).replace("{v}", f"{{f{i}}}")
                  for i, f in enumerate(fields)]
         self.given.update(fields)
