@@ -18,7 +18,7 @@ from mimesis_lab.world.population import User
 from mimesis_lab.world.retail import build_db, tau_tasks
 from mimesis_lab.world.travel import travel_task
 
-__all__ = ["hotel_directory", "search_files", "function_tasks", "gym_files"]
+__all__ = ["task_id", "hotel_directory", "search_files", "function_tasks", "gym_files"]
 
 
 def hotel_directory(rng: random.Random, per_city: int = 4) -> list[dict[str, Any]]:
@@ -34,7 +34,14 @@ def hotel_directory(rng: random.Random, per_city: int = 4) -> list[dict[str, Any
     return out
 
 
-def search_files(users: list[User], rng: random.Random, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def task_id(gym: str, seed: int, k: int) -> str:
+    """``travel-w1234-001``: world ids never collide with the hand-written fixtures' (``travel-1``,
+    ``tau-001``…), so a component that reads the wrong task file fails loudly (unknown id)."""
+    return f"{gym}-w{seed}-{k:03d}"
+
+
+def search_files(users: list[User], rng: random.Random, n: int, seed: int = 0
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(passages, tasks): one passage per hotel, city and animal; questions about hotels in the user's city."""
     hotels = hotel_directory(rng)
     passages = []
@@ -58,16 +65,16 @@ def search_files(users: list[User], rng: random.Random, n: int) -> tuple[list[di
                 [str(h["price"]), f"{h['price']} dollars"]
         else:
             q, a, al = f"which city is the {h['name']} hotel in?", h["city"], []
-        tasks.append({"id": f"search-{k + 1:03d}", "question": q, "answer": a, "aliases": al, "world_user": u.uid})
+        tasks.append({"id": task_id("search", seed, k + 1), "question": q, "answer": a, "aliases": al, "world_user": u.uid})
     return passages, tasks
 
 
-def function_tasks(rng: random.Random, n: int) -> list[dict[str, Any]]:
+def function_tasks(rng: random.Random, n: int, seed: int = 0) -> list[dict[str, Any]]:
     tasks = []
     for k in range(n):
         rule = L.FUNCTION_RULES[k % len(L.FUNCTION_RULES)]
         case = [rng.randint(1, 9) for _ in range(4)]
-        tasks.append({"id": f"fgym-{k + 1:03d}", "rule": rule, "test_case": case,
+        tasks.append({"id": task_id("fgym", seed, k + 1), "rule": rule, "test_case": case,
                       "expected_result": float(safe_eval(rule, case))})
     return tasks
 
@@ -81,18 +88,18 @@ def gym_files(users: list[User], seed: int, n: int) -> dict[str, Any]:
         r = rng(name)
         picks = [users[i] for i in r.sample(range(len(users)), min(n, len(users)))]
         picks += [r.choice(users) for _ in range(n - len(picks))]
-        return [fn(u, r, f"{prefix}-{k + 1:03d}") for k, u in enumerate(picks)]
+        return [fn(u, r, task_id(prefix, seed, k + 1)) for k, u in enumerate(picks)]
 
     tau_rng = rng("tau")
     tau_users = [users[i] for i in tau_rng.sample(range(len(users)), min(len(users), max(8, n // 2)))]
     db = build_db(tau_users, tau_rng)
-    passages, search = search_files(users, rng("search"), n)
+    passages, search = search_files(users, rng("search"), n, seed)
     return {
         "travel/tasks.json": per_user("travel", travel_task, "travel"),
         "turtle/tasks.json": per_user("turtle", turtle_task, "turtle"),
-        "function/tasks.json": function_tasks(rng("function"), n),
+        "function/tasks.json": function_tasks(rng("function"), n, seed),
         "tau/db.json": db,
-        "tau/tasks.json": tau_tasks(tau_users, db, tau_rng, n),
+        "tau/tasks.json": tau_tasks(tau_users, db, tau_rng, n, seed),
         "persuade/tasks.json": per_user("persuade", persuade_task, "persuade"),
         "intention/tasks.json": per_user("intention", intention_task, "intent"),
         "telepathy/tasks.json": per_user("telepathy", telepathy_task, "tele"),

@@ -139,7 +139,8 @@ def _task(u: User, db: dict[str, Any], rng: random.Random, kind: str) -> dict[st
             "goal": f"return the {it['name']} from {oid}", "detail": it["name"]}
 
 
-def tau_tasks(users: list[User], db: dict[str, Any], rng: random.Random, n: int) -> list[dict[str, Any]]:
+def tau_tasks(users: list[User], db: dict[str, Any], rng: random.Random, n: int, seed: int = 0
+              ) -> list[dict[str, Any]]:
     """``n`` tasks, kinds in turn (exchange, return, cancel, address); every gold action is checked to apply."""
     kinds = ("exchange", "return", "cancel", "address")
     tasks: list[dict[str, Any]] = []
@@ -154,7 +155,7 @@ def tau_tasks(users: list[User], db: dict[str, Any], rng: random.Random, n: int)
         for a in t["actions"]:
             call_tool(gold, a["name"], dict(a["kwargs"]))
         k = len(tasks) + 1
-        tasks.append({"id": f"tau-{k:03d}", "user_id": tau_user_id(u), "world_user": u.uid,
+        tasks.append({"id": f"tau-w{seed}-{k:03d}", "user_id": tau_user_id(u), "world_user": u.uid,
                       "opening": say(u, t["opening"], rng, "request", first=True), "instruction": t["instruction"],
                       "actions": t["actions"], "outputs": []})
     return tasks
