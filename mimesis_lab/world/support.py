@@ -181,7 +181,7 @@ class Customer:
                     plain(f"my real {self.kw.get('premise_field', '').replace('_', ' ')} is "
                           f"{self.kw.get('true_value')}, i claim otherwise", self.rng))
         if self.on and self.b == "B1":
-            reason = plain(f"i only want it via {self.kw.get('criterion_value')} but i won't say it", self.rng)
+            reason = self._b1_thought("want")
         if self.on and self.b == "B13":
             lv = self.u.member_level
             return (self._say(f"{tpl}. i'm a {lv} member, i expect to be served first", "complaint", True),
@@ -216,7 +216,7 @@ class Customer:
             if on and b == "B1" and not self.state["dissatisfied"]:
                 self.state["dissatisfied"] = True
                 return (self._say("(is that all?|hmm, not what i expected.) bye", "complaint"),
-                        plain(f"they never did it via {kw.get('criterion_value')}, i'm not happy", self.rng), True)
+                        self._b1_thought("unmet"), True)
             if on and b == "B2" and not self.state["added"]:
                 self.state["added"] = True
                 return (self._requirement(),
@@ -254,6 +254,19 @@ class Customer:
             reason_bits.append("waiting for them to finish")
         text = self._decorate(text, k, agent, reason_bits)
         return text, plain("; ".join(dict.fromkeys(reason_bits[:2])), self.rng), False
+
+    def _b1_thought(self, phase: str) -> str:
+        """The private side of a hidden criterion (B1): what the customer silently expects, or that it was unmet."""
+        f, v = self.kw.get("criterion_field", ""), self.kw.get("criterion_value", "")
+        want = {"payment_method": f"i only want it back on my {v}, but i won't say it",
+                "product": f"they should name my {v} without me saying it",
+                "member_level": f"as a {v} member i expect priority, i won't mention it",
+                "customer_name": f"they should call me {v}, i won't ask for it"}
+        unmet = {"payment_method": f"nothing went back on my {v}, i'm not happy",
+                 "product": f"they never named my {v}, i'm not happy",
+                 "member_level": f"no {v} member priority, i'm not happy",
+                 "customer_name": f"they never called me {v}, i'm not happy"}
+        return plain((want if phase == "want" else unmet).get(f, f"i silently expect {v}"), self.rng)
 
     def _requirement(self, kind: str = "request") -> str:
         """The added requirement (B2) in the customer's words."""
@@ -298,7 +311,7 @@ class Customer:
             reasons.insert(0, "they are slow, i expect better")
             return f"{text} {self._say('(do your job|how hard can it be), i expect better', 'complaint')}"
         if b == "B1" and k == 1:
-            reasons.insert(0, f"i only want it via {kw.get('criterion_value')}, not saying it")
+            reasons.insert(0, self._b1_thought("want"))
         return text
 
 
