@@ -164,7 +164,8 @@ def _sim_eval_task(params_path: str) -> dict[str, Any]:
     from mimesis_lab.evals.sim_eval import run_sim_eval
 
     params = load_params(params_path)
-    return run_sim_eval(params.sim_eval, params.model)
+    bt = params.behavior_tasks        # the ABCD files the behaviour tasks were grounded in
+    return run_sim_eval(params.sim_eval, params.model, kb=bt.kb, guidelines=bt.guidelines, abcd_raw=bt.abcd_input)
 
 
 @flow(name="sim_eval", log_prints=True)
@@ -190,7 +191,8 @@ def sim_eval_flow(params_path: str = "params.yaml") -> dict[str, Any]:
 def _agent_eval_task(params_path: str) -> dict[str, Any]:
     from mimesis_lab.evals.agent_eval import run_agent_eval
 
-    return run_agent_eval(load_params(params_path).agent_eval)
+    params = load_params(params_path)
+    return run_agent_eval(params.agent_eval, task_files=params.gyms.tasks)
 
 
 @flow(name="agent_eval", log_prints=True)

@@ -350,7 +350,8 @@ def _free() -> None:
 
 
 def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
-                   cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+                   cache_dir: str | os.PathLike | None = None,
+                   task_files: dict[str, str | None] | None = None) -> dict[str, Any]:
     """Evaluate ``cfg.agents`` × ``cfg.users`` × ``cfg.gyms`` (module docstring) and return the summary.
 
     Writes ``<out_dir>/summary.json`` (the returned dict) and ``<out_dir>/rollouts.jsonl`` (every
@@ -374,7 +375,7 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
 
     settings = rollout_settings(cfg.rollout)
     rows = select_rows(cfg)
-    tasks = {g: load_tasks(g) for g in cfg.gyms}
+    tasks = {g: load_tasks(g, (task_files or {}).get(g)) for g in cfg.gyms}   # gyms.tasks; None = bundled
     notes: list[str] = []
     if cfg.pass_k > 1 and cfg.rollout.temperature == 0:
         msg = (f"pass_k={cfg.pass_k} with temperature 0: greedy attempts are identical, so pass@{cfg.pass_k} "

@@ -322,7 +322,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
     server = shim = run = csd = None
     ok = False
     try:
-        by_gym, tasks = load_training_rows(cfg)
+        by_gym, tasks = load_training_rows(cfg, params.gyms.tasks)
         assert_no_dropout(engine.module)   # teacher and student forwards must not differ by dropout noise
         forbidden = [cfg.user.openai.base_url] if cfg.user.kind == "openai" else []
         csd = CSD(cfg, tokenizer, tasks, pad_id, forbidden_urls=forbidden)

@@ -52,8 +52,10 @@ def agent_inputs(cfg: Any) -> tuple[dict[str, str | None], dict[str, Any]]:
     return inputs, extra
 
 
-def load_training_rows(cfg: Any) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """``(rows by gym, tasks by gym)`` of the training gyms with a positive weight."""
+def load_training_rows(cfg: Any, task_files: dict[str, str | None]) -> tuple[dict[str, list[dict[str, Any]]],
+                                                                             dict[str, Any]]:
+    """``(rows by gym, tasks by gym)`` of the training gyms with a positive weight; the tasks come from
+    ``gyms.tasks`` (``task_files``; None = the bundled file), as the ``gyms`` stage read them."""
     from mimesis_lab.envs.gyms.registry import load_tasks
     from mimesis_lab.rollout.agent_env import load_gym_rows
 
@@ -69,7 +71,7 @@ def load_training_rows(cfg: Any) -> tuple[dict[str, list[dict[str, Any]]], dict[
     by_gym: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_gym.setdefault(r["gym"], []).append(r)
-    return by_gym, {g: load_tasks(g) for g in by_gym}
+    return by_gym, {g: load_tasks(g, task_files.get(g)) for g in by_gym}
 
 
 def step_metrics(trajs: list[Any], privileged: dict[str, list[str]], bsum: dict[str, float],
@@ -107,7 +109,7 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
     server = shim = run = None
     ok = False
     try:
-        by_gym, tasks = load_training_rows(cfg)
+        by_gym, tasks = load_training_rows(cfg, params.gyms.tasks)
         server, shim, user_model = start_user_side(cfg.user, 4 * cfg.prompts_per_step * cfg.rollouts_per_prompt)
         backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)
         refresh = (lambda: backend.update_weights(policy_state_dict(engine))) if cfg.rollout.backend == "vllm" \
