@@ -260,6 +260,29 @@ def test_failing_users_make_cells_invalid_not_zero(world, tmp_path):
     assert s["overall"]["mean"]["asker"] is not None
 
 
+def test_transient_failures_are_retried_on_rerun_final_ones_are_served(world, tmp_path):
+    """An endpoint that answers 500 (transient) fails its cells; once it recovers, a rerun retries exactly
+    those rollouts. A refusal is final: the rerun serves it from the cache without calling the user."""
+    with _FixedUser(status=500) as flaky, \
+            _FixedUser("As an AI language model, I cannot pretend to be a human user.") as refuser:
+        users = {"flaky": _endpoint_user(flaky), "refuser": _endpoint_user(refuser)}
+        cfg = _cfg(world, {"asker": str(world["tmp"] / "asker")}, users, gyms=("travel",))
+        out, cache = tmp_path / "out", tmp_path / "cache"
+        s1 = run_agent_eval(cfg, out, cache)
+        assert s1["cells"]["asker"]["flaky"]["travel"]["invalid_reasons"] == {"user_error": 1}
+        assert s1["cells"]["asker"]["refuser"]["travel"]["invalid_reasons"] == {"refusal": 1}
+        recs = {r["user"]: r for r in _strip(out / "rollouts.jsonl")}
+        assert recs["flaky"]["invalid_transient"] is True and recs["refuser"]["invalid_transient"] is False
+
+        flaky.status, flaky.reply = 200, "Somewhere cheap, under 100 a night please."   # the endpoint recovers
+        refusals = refuser.calls
+        s2 = run_agent_eval(cfg, out, cache)
+        assert (s2["counts"]["from_cache"], s2["counts"]["run"]) == (1, 1)
+        assert s2["cells"]["asker"]["flaky"]["travel"]["status"] == "ok"
+        assert s2["cells"]["asker"]["refuser"]["travel"]["invalid_reasons"] == {"refusal": 1}
+        assert refuser.calls == refusals
+
+
 # ----------------------------------------------------------------------------------- training user
 def test_training_user_is_refused(world, tmp_path):
     sim = str(world["tmp"] / "mute")

@@ -106,6 +106,7 @@ class Trajectory:
     done: bool = False
     invalid: str | None = None
     invalid_detail: str | None = None
+    invalid_transient: bool = False   # the failure may not recur (timeout, transport, 5xx): a rerun retries it
     wall_s: float = 0.0
 
     @property
@@ -138,6 +139,7 @@ class Trajectory:
     def to_json(self) -> dict[str, Any]:
         return {"group_id": self.group_id, "traj_id": self.traj_id, "data_source": self.data_source,
                 "task_id": self.task_id, "invalid": self.invalid, "invalid_detail": self.invalid_detail,
+                "invalid_transient": self.invalid_transient,
                 "turn_rewards": self.turn_rewards, "total_reward": self.total_reward, "n_turns": len(self.turns),
                 "response_tokens": sum(self.turn_lengths), "messages": self.messages,
                 "choices": [t.choice for t in self.turns], "parse_errors": [t.parse_error for t in self.turns],
@@ -237,6 +239,7 @@ def run_agent_episodes(
                 if not g.ok:
                     reason = "timeout" if "time" in (g.error or "").lower() else "generation_error"
                     tr.invalid, tr.invalid_detail, tr.done = reason, g.error, True
+                    tr.invalid_transient = reason == "timeout" or bool(getattr(g, "transient", False))
                     continue
                 text = tokenizer.decode(g.token_ids, skip_special_tokens=False)
                 reply = text[: -len("<|im_end|>")] if text.endswith("<|im_end|>") else text
@@ -254,9 +257,10 @@ def run_agent_episodes(
                         result = _step(pool, gym, turn.choice, turn.content, step_timeout_s)
                     except UserSideError as e:
                         tr.invalid, tr.invalid_detail, tr.done = e.reason, e.detail, True
+                        tr.invalid_transient = e.transient
                         continue
                     except FutureTimeout:
-                        tr.invalid, tr.done = "timeout", True
+                        tr.invalid, tr.done, tr.invalid_transient = "timeout", True, True
                         tr.invalid_detail = f"{type(gym).__name__}.step took longer than {step_timeout_s}s"
                         continue
                     except Exception as e:

@@ -59,11 +59,12 @@ class UserReply:
 
 
 class UserSideError(RuntimeError):
-    """The user side could not answer; ``reason`` is ``user_error``, ``timeout`` or ``refusal``."""
+    """The user side could not answer; ``reason`` is ``user_error``, ``timeout`` or ``refusal``;
+    ``transient``: a retry later may succeed (timeout, transport error, 429/5xx after the retries)."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, transient: bool = False):
         super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
+        self.reason, self.detail, self.transient = reason, detail, transient
 
 
 @runtime_checkable
@@ -185,7 +186,8 @@ class Gym(ABC):
         reply = self.user.respond(view)
         if reply.text is None or not reply.text.strip():
             reason = "timeout" if reply.error and "timeout" in reply.error.lower() else "user_error"
-            raise UserSideError(reason, reply.error or "empty user reply")
+            raise UserSideError(reason, reply.error or "empty user reply",
+                                transient=reason == "timeout" or bool(getattr(reply, "transient", False)))
         self.dialogue.append({"role": "user", "content": reply.text.strip()})
         return reply.text.strip()
 
