@@ -178,6 +178,11 @@ def write(dvc_path: Path) -> None:
         m = re.match(r"^  (\w+):\s*$", line)
         if m and m.group(1) in doc["stages"]:
             stage, in_deps = m.group(1), False
+        if stage and "deps" not in doc["stages"][stage] and re.match(r"^    cmd:", line):
+            out.append(line)      # a stage without data deps still gets its code deps
+            out.append("    deps:")
+            out.extend(f"      - {d}" for d in stage_code_deps(doc["stages"][stage]["cmd"], dvc_path.parent))
+            continue
         if stage and re.match(r"^    deps:\s*$", line):
             in_deps = True
             out.append(line)

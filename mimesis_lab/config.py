@@ -26,6 +26,7 @@ from mimesis_lab.config_base import (AgentRolloutParams, ConfigError, JudgeParam
 from mimesis_lab.config_eval import (AgentEvalParams, DiscriminatorParams, EvalPartnerParams,  # noqa: F401
                                      EvalSimulatorParams, EvalUserParams, ReportParams, SimEvalParams)
 from mimesis_lab.envs.gyms.registry import ALL_GYMS, TRAIN_GYMS
+from mimesis_lab.world.params import WorldParams
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -412,10 +413,19 @@ class AgentCSDParams(AgentGRPOParams):
     output_dir: str = Field("models/agent_csd", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
 
 
+class WorldSection(WorldParams):
+    """The seeded synthetic world (``mimesis_lab.world``): one user population from which every raw
+    input of the default pipeline is drawn. Real data bypasses it: point the stages' inputs elsewhere."""
+
+    output_dir: str = Field("data/world", description="Where the world's raw files are written (chats/, "
+                            "thoughttrace/, abcd/, gyms/, world/).")
+
+
 class Params(Section):
     """The whole ``params.yaml``, its shared groups resolved into the phase sections (:data:`SHARED_GROUPS`)."""
 
     tracking: TrackingParams = Field(default_factory=TrackingParams, description="MLflow tracking.")
+    world: WorldSection | None = Field(None, description="The seeded synthetic world (the default raw data).")
     role_swap: RoleSwapParams = Field(description="User-side mid-training data (role swap).")
     thoughttrace: ThoughtTraceParams = Field(default_factory=ThoughtTraceParams, description="ThoughtTrace SFT data.")
     behaviors: BehaviorsParams = Field(default_factory=BehaviorsParams, description="Behaviour annotation of ThoughtTrace.")

@@ -197,7 +197,7 @@ def test_every_key_of_params_yaml_carries_its_generated_comment():
     # the comment is the field's description and its default (AgentGRPOParams.lr: 1e-5)
     assert lines[at["agent_rl.lr"] - 1] == "  #: Peak learning rate (AdamW). (default: 1.0e-05)"
     assert lines[at["agent_rl.user.openai.model"] - 1].endswith("(default: simulator)")  # the parent's default
-    assert not lines[at["role_swap.mixture.data/raw/chats/tom_social.jsonl"] - 1].lstrip().startswith("#:")
+    assert not lines[at["role_swap.mixture.data/world/chats/tom_social.jsonl"] - 1].lstrip().startswith("#:")
 
 
 def test_annotate_keeps_values_and_hand_written_comments():

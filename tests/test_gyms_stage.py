@@ -170,8 +170,9 @@ def test_params_section():
     p = C.parse_params(base)   # an old params file without the section validates
     assert p.gyms.train_gyms == list(registry.TRAIN_GYMS) and p.gyms.held_out_gyms == registry.HELD_OUT_GYMS
     assert p.gyms.tasks == {g: None for g in registry.ALL_GYMS} and p.gyms.val_fraction == 0.15
-    bundled = C.load_params(ROOT / "params.yaml").gyms
-    assert bundled == p.gyms
+    default = C.load_params(ROOT / "params.yaml").gyms     # the default pipeline plays the world's tasks
+    assert default.tasks == {g: f"data/world/gyms/{g}/tasks.json" for g in registry.ALL_GYMS}
+    assert default.model_copy(update={"tasks": p.gyms.tasks}) == p.gyms
     with pytest.raises(C.ConfigError, match=r"`gyms.tasks`.*unknown gym"):
         C.parse_params({**base, "gyms": {"tasks": {"travle": None}}}, "params.yaml")
     with pytest.raises(C.ConfigError, match=r"`gyms.train_gyms`"):

@@ -214,17 +214,18 @@ def test_tokenizer_without_offsets_gives_the_same_result(tok, llama):
 
 
 def _bundled(tmp):
-    """The bundled fixtures through the real role_swap and thoughttrace stages (no pipeline run needed)."""
+    """The bundled fixtures (data/raw/) through the real role_swap and thoughttrace stages (no pipeline run
+    needed; the default pipeline reads the generated world instead)."""
     from mimesis_lab.config import load_params
     from stages.role_swap import run_role_swap
     from stages.thoughttrace import run_thoughttrace
 
     params = load_params(ROOT / "params.yaml")
     rs = params.role_swap.model_copy(update={
-        "mixture": {str(ROOT / g): r for g, r in params.role_swap.mixture.items()},
+        "mixture": {str(ROOT / "data/raw/chats/*.jsonl"): 1.0},
         "output": str(tmp / "rs.parquet")})
     tt = params.thoughttrace.model_copy(update={
-        "input": str(ROOT / params.thoughttrace.input), "output": str(tmp / "tt.parquet")})
+        "input": str(ROOT / "data/raw/thoughttrace/thoughttrace.jsonl"), "output": str(tmp / "tt.parquet")})
     convs = []
     for result, out in ((run_role_swap(rs), rs.output), (run_thoughttrace(tt), tt.output)):
         convs += result.frame(out)["messages"].to_list()

@@ -54,7 +54,18 @@ Everything here is invented by templates: it demonstrates the *mechanism* of MIM
 learns how these users talk, think and behave; agents trained against it meet the same users), not
 the paper's effect sizes. Numbers measured on it say nothing about real users.
 """
-from mimesis_lab.world.generate import generate_world
+from typing import Any
+
 from mimesis_lab.world.params import WorldParams
 
 __all__ = ["WorldParams", "generate_world"]
+
+
+def generate_world(params: WorldParams, out_dir: Any) -> dict[str, int]:
+    """Draw the world of ``params.seed`` and write it under ``out_dir`` (:func:`mimesis_lab.world.generate.generate_world`).
+
+    Imported on call, so that reading the ``world`` params section (``mimesis_lab.config``) does not load
+    the generators (and, through them, the scripted support agent) into every stage."""
+    from mimesis_lab.world.generate import generate_world as _generate
+
+    return _generate(params, out_dir)
