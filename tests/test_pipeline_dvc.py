@@ -22,7 +22,8 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-DATA_STAGES = ["role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms", "validate"]
+DATA_STAGES = ["world", "role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms", "validate"]
+TEST_PROFILE = "configs/test/params.test.yaml"   # the small profile the suite runs the pipeline on
 
 
 def _env() -> dict[str, str]:
@@ -55,6 +56,8 @@ def project(tmp_path_factory) -> Path:
         if src.is_file() and not rel.startswith(("tests/", "bench/")):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / rel)
+    subprocess.run([sys.executable, "-m", "mimesis_lab.config", "--params", "params.yaml", "--profile", TEST_PROFILE,
+                    "-o", "params.yaml"], cwd=dst, check=True, env=_env())
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dst, check=True)
     subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], cwd=dst, check=True)
@@ -65,12 +68,12 @@ def project(tmp_path_factory) -> Path:
 
 def test_full_run_accounts_for_every_row(project):
     assert _ran(project.joinpath("first_run.log").read_text()) == set(DATA_STAGES)
-    for stage in ["role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms"]:
+    for stage in ["world", "role_swap", "thoughttrace", "behaviors", "behavior_tasks", "splits", "gyms"]:
         m = json.loads((project / "metrics" / f"{stage}.json").read_text())
         assert m["rows_in"] == m["rows_out"] + m["rows_quarantined"], stage
         assert (project / "data" / "quarantine" / f"{stage}.parquet").exists()
-    tt = json.loads((project / "metrics" / "thoughttrace.json").read_text())
-    assert tt["quarantine_by_reason"].get("non-alternating", 0) >= 1
+    world = json.loads((project / "metrics" / "world.json").read_text())
+    assert world["files"]["thoughttrace/thoughttrace.jsonl"] == 80          # the test profile's world
     gy = json.loads((project / "metrics" / "gyms.json").read_text())
     assert all(gy["sizes"][s] > 0 for s in ("train", "val", "test"))
     assert all((project / "data" / "gyms" / f"{s}.parquet").exists() for s in ("train", "val", "test"))
