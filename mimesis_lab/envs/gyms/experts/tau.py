@@ -39,7 +39,7 @@ _INTENTS = (("exchange", r"\b(exchange|swap)"), ("return", r"\b(return|send (it|
             ("cancel", r"\bcancel"),
             ("address", r"\b(ship(ped)? to|deliver(ed)? to|should go to|send it to|shipping address|address)\b"))
 _ADDRESS = re.compile(r"(\d+ [A-Z][\w .]*?),\s*(?:((?:Apt|Suite|Floor|Unit)[^,]*),\s*)?([A-Z][\w .]*?),\s*"
-                      r"([A-Z]{2}) (\d{5}),\s*([A-Za-z .]+?)[.;]?(?:\s|$)")
+                      r"([A-Z]{2}) (\d{5})(?:,\s*([A-Za-z .]+?))?[.;]?(?:\s|$)")
 _YES = re.compile(r"^\s*(yes|yeah|sure|ok|okay|please do|go ahead)\b", re.IGNORECASE)
 
 
@@ -78,12 +78,15 @@ def plan_request(text: str, default_order: str | None = None) -> list[Step]:
     message that names no order is about ``default_order`` (the one under discussion)."""
     sents = re.split(r"(?<=[.!?])\s+", text.strip())
     segments: list[tuple[str, str]] = []
+    lead = ""      # what comes before the first order ("I moved to 984 Hill Ln, …") belongs to it
     for s in sents:
         ids = _ORDER.findall(s)
         if ids:
-            segments.append((ids[0], s))
+            segments.append((ids[0], (lead + " " + s).strip() if not segments else s))
         elif segments:
             segments[-1] = (segments[-1][0], segments[-1][1] + " " + s)
+        else:
+            lead += " " + s
     if not segments and default_order:
         segments = [(default_order, text)]
     steps = []
@@ -99,12 +102,14 @@ def plan_request(text: str, default_order: str | None = None) -> list[Step]:
     return steps
 
 
-def parse_address(text: str) -> dict[str, str] | None:
+def parse_address(text: str, country: str | None = None) -> dict[str, str] | None:
+    """The postal address in ``text`` ("450 Pine Street, Apt 12, Seattle, WA 98109, USA"); a customer
+    who names no country means their own (``country``, from their account), else ``None``."""
     m = _ADDRESS.search(text)
-    if m is None:
+    if m is None or not (m.group(6) or country):
         return None
     return {"address1": m.group(1).strip(), "address2": (m.group(2) or "").strip(), "city": m.group(3).strip(),
-            "state": m.group(4), "country": m.group(6).strip(), "zip": m.group(5)}
+            "state": m.group(4), "country": (m.group(6) or country or "").strip(), "zip": m.group(5)}
 
 
 def pick_payment(text: str, methods: dict[str, dict[str, Any]], default: str | None) -> str | None:
@@ -134,14 +139,20 @@ def _value_named(value: str, text: str) -> bool:
 
 
 def pick_variant(product: dict[str, Any], old_item: str, text: str) -> str | None:
-    """The variant of ``product`` (not ``old_item``) whose option values ``text`` names most."""
+    """The variant of ``product`` (not ``old_item``) whose option values ``text`` names most; among
+    those, the one that keeps most of the old item's other options ("the black one" of a size L shirt
+    is the black shirt in size L)."""
+    variants = product.get("variants", {})
+    old = (variants.get(old_item) or {}).get("options", {})
     scored = []
-    for vid, v in product.get("variants", {}).items():
+    for vid, v in variants.items():
         if vid == old_item:
             continue
-        scored.append((sum(_value_named(str(val), text) for val in v["options"].values()), vid))
-    scored.sort(key=lambda s: (-s[0], s[1]))
-    return scored[0][1] if scored and scored[0][0] > 0 else None
+        named = sum(_value_named(str(val), text) for val in v["options"].values())
+        kept = sum(old.get(k) == val for k, val in v["options"].items())
+        scored.append((named, kept, vid))
+    scored.sort(key=lambda s: (-s[0], -s[1], s[2]))
+    return scored[0][2] if scored and scored[0][0] > 0 else None
 
 
 def _items_named(order: dict[str, Any], text: str) -> list[dict[str, Any]]:
@@ -289,7 +300,7 @@ class TauExpert(Expert):
                                                        re.IGNORECASE) else "no longer needed"
             step.arguments = {"reason": reason}
         elif kind == "address":
-            addr = parse_address(st.text)
+            addr = parse_address(st.text, (order.get("address") or {}).get("country"))
             if addr is None:
                 return None, f"I could not read the new address for order {st.order}"
             step.arguments = addr
