@@ -19,7 +19,8 @@ to them (``answer`` turns):
 4. state the plan and ask for confirmation; on ``yes`` call the write tools, then tell the customer
    it is done (the customer ends the conversation), or close with ``###DONE###``.
 
-An uninformative reply gets the question once more. Exploring, it may look up every order of the
+An uninformative reply gets the question once more (a confirmation up to twice more, unless the
+customer said no). Exploring, it may look up every order of the
 account before asking, or confirm each change separately.
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ _INTENTS = (("exchange", r"\b(exchange|swap)"), ("return", r"\b(return|send (it|
 _ADDRESS = re.compile(r"(\d+ [A-Z][\w .]*?),\s*(?:((?:Apt|Suite|Floor|Unit)[^,]*),\s*)?([A-Z][\w .]*?),\s*"
                       r"([A-Z]{2}) (\d{5})(?:,\s*([A-Za-z .]+?))?[.;]?(?:\s|$)")
 _YES = re.compile(r"^\s*(yes|yeah|sure|ok|okay|please do|go ahead)\b", re.IGNORECASE)
+_NO = re.compile(r"^\s*(no|nope|don't)\b", re.IGNORECASE)
 
 
 @dataclass
@@ -240,11 +242,13 @@ class TauExpert(Expert):
                 for group in groups:
                     what = " and ".join(s.describe() for s in group)
                     reply = yield ("answer", f"To confirm, I will {what}. Shall I proceed?")
-                    if not _YES.search(_said(reply)):
-                        reply = yield ("answer", f"Just to be sure: shall I {what}? Please answer yes or no.")
-                        if not _YES.search(_said(reply)):
+                    asks = 1
+                    while not _YES.search(_said(reply)):   # asked again while the reply is unclear, not after a no
+                        if asks >= 3 or _NO.search(_said(reply)):
                             yield ("answer", "###DONE###")
                             return
+                        reply = yield ("answer", f"Just to be sure: shall I {what}? Please answer yes or no.")
+                        asks += 1
                     for s in group:
                         yield ("action", s.call())
                     done += group
