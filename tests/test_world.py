@@ -272,16 +272,7 @@ def _row(tasks, gym):
     return MODULES[gym].build_rows(tasks[gym], "test")[0]
 
 
-# The agent-view experts (mimesis_lab/envs/gyms/experts/) do not yet solve these world gyms: turtle and
-# telepathy carry knowledge tables written for the bundled tasks, persuade/tau/search parse the bundled
-# phrasing. Integrating the world as the default data (issue 15) must make them pass; strict xfail turns
-# a fixed gym into a failure here, so the mark is removed with the fix.
-EXPERTS_NOT_YET_ON_THE_WORLD = {"turtle", "tau", "persuade", "telepathy", "search"}
-
-
-@pytest.mark.parametrize("gym", [pytest.param(g, marks=pytest.mark.xfail(
-    strict=True, reason="agent-view expert not yet adapted to the world's tasks")) if g in EXPERTS_NOT_YET_ON_THE_WORLD
-    else g for g in ORACLE_GYMS])
+@pytest.mark.parametrize("gym", ORACLE_GYMS)
 def test_oracle_episode_on_every_task(world, gym):
     tasks = _gym_tasks(world[0])
     traces = [expert_trace(r, tasks) for r in MODULES[gym].build_rows(tasks[gym], "test")]
