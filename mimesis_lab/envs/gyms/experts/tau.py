@@ -19,8 +19,8 @@ to them (``answer`` turns):
 4. state the plan and ask for confirmation; on ``yes`` call the write tools, then tell the customer
    it is done (the customer ends the conversation), or close with ``###DONE###``.
 
-An uninformative reply gets the question once more (a confirmation up to twice more, unless the
-customer said no). Exploring, it may look up every order of the
+An uninformative reply gets the question once more (the request and a confirmation up to twice
+more, a confirmation not after a no). Exploring, it may look up every order of the
 account before asking, or confirm each change separately.
 """
 from __future__ import annotations
@@ -214,7 +214,8 @@ class TauExpert(Expert):
         first = (user.get("name") or {}).get("first_name", "")
         steps: list[Step] = []
         for ask in (f"Thank you{', ' + first if first else ''}, your account is verified. How can I help you today?",
-                    "Could you tell me which order it is about (the order number) and what you would like done?"):
+                    "Could you tell me which order it is about (the order number) and what you would like done?",
+                    "Sorry, I didn't catch that: which order is it, and what should I do with it?"):
             reply = yield ("answer", ask)
             if "has ended the conversation" in reply:
                 return
