@@ -1,6 +1,8 @@
 """The seeded synthetic world (mimesis_lab.world): determinism, the project's readers and stages accept
-its files with no quarantine, its structural properties hold on the written data, and one episode of
-every gym plays through the real gym class (oracle or the world's own user policy)."""
+its files with no quarantine, its structural properties hold on the written data, one episode of
+every gym plays through the real gym class (oracle or the world's own user policy), the agent-view
+experts solve every world task by asking the user (their reward depends on the answers), and the
+agent_traces stage gives rewarded warm-start traces on the world's training gyms."""
 from __future__ import annotations
 
 import filecmp
@@ -272,20 +274,54 @@ def _row(tasks, gym):
     return MODULES[gym].build_rows(tasks[gym], "test")[0]
 
 
-# The agent-view experts (mimesis_lab/envs/gyms/experts/) do not yet solve these world gyms: turtle and
-# telepathy carry knowledge tables written for the bundled tasks, persuade/tau/search parse the bundled
-# phrasing. Integrating the world as the default data (issue 15) must make them pass; strict xfail turns
-# a fixed gym into a failure here, so the mark is removed with the fix.
-EXPERTS_NOT_YET_ON_THE_WORLD = {"turtle", "tau", "persuade", "telepathy", "search"}
-
-
-@pytest.mark.parametrize("gym", [pytest.param(g, marks=pytest.mark.xfail(
-    strict=True, reason="agent-view expert not yet adapted to the world's tasks")) if g in EXPERTS_NOT_YET_ON_THE_WORLD
-    else g for g in ORACLE_GYMS])
+@pytest.mark.parametrize("gym", ORACLE_GYMS)
 def test_oracle_episode_on_every_task(world, gym):
     tasks = _gym_tasks(world[0])
     traces = [expert_trace(r, tasks) for r in MODULES[gym].build_rows(tasks[gym], "test")]
     assert all(t is not None and t["total_reward"] > 0 for t in traces)
+
+
+# gyms whose reward depends on what only the user knows (their experts must ask)
+USER_GYMS = ("travel", "turtle", "persuade", "intention", "telepathy", "tau")
+
+
+@pytest.mark.parametrize("gym", USER_GYMS)
+def test_world_experts_ask_and_depend_on_the_users_answers(world, gym):
+    """On the world's tasks, as on the bundled ones: the experts ask the user, and an uninformative user
+    (the same non-answer to everything) leaves them with less — the reward comes from the answers."""
+    tasks = _gym_tasks(world[0])
+    rows = MODULES[gym].build_rows(tasks[gym], "train")
+    informed = [expert_trace(r, tasks) for r in rows]
+    assert all(t is not None and t["user_turns"] > 0 for t in informed)
+    blind_reply = "Irrelevant" if gym == "turtle" else "Hmm."
+    blind = [expert_trace(r, tasks, user=ScriptedUser(lambda m: blind_reply)) for r in rows]
+    got, without = (sum(t["total_reward"] for t in ts if t) for ts in (informed, blind))
+    assert without < got
+    if gym in ("turtle", "persuade", "intention", "tau"):
+        assert without <= 0.2 * got
+    if gym == "telepathy":   # three guesses among a category's few candidates (the cuisine named) can hit
+        assert without <= 0.6 * got
+
+
+def test_warm_start_traces_on_the_worlds_training_gyms(stages_run):
+    """The agent_traces stage on the world (gyms stage rows of the five training gyms): every row gets a
+    rewarded oracle trace, nothing is quarantined, and every gym with a user side asks it."""
+    from stages import agent_traces as AT
+
+    cwd = os.getcwd()
+    os.chdir(stages_run["_proj"]["path"])
+    try:
+        m = write_result(AT.STAGE, AT.build(C.load_params("params.yaml")))
+    finally:
+        os.chdir(cwd)
+    assert m["rows_quarantined"] == 0, m["quarantine_by_reason"]
+    summary = m["summary"]["train"]
+    assert set(summary) == {"travel", "turtle", "function", "tau", "persuade"}
+    assert m["rows_in"] == m["rows_out"] == len(summary) * WorldParams().gym_tasks   # train + val rows
+    for gym, kinds in summary.items():
+        assert kinds["oracle"]["mean_reward"] > 0
+        assert kinds["oracle"]["asked_user_share"] == (0.0 if gym == "function" else 1.0), gym
+    assert m["explore"]["kept"] > 0
 
 
 def test_task_ids_never_collide_with_the_bundled_fixtures(world):

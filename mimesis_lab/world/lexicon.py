@@ -175,7 +175,11 @@ GIFT_BUDGETS = (20, 40, 60)
 FOOD_PRICES = (15, 25, 40)
 
 # ----------------------------------------------------------------------------- turtle stories
-#: (needs, title, surface, solution, key facts); slots: {name} {city} {pet} {job} {amenity}
+#: (needs, title, surface, solution, key facts); slots: {name} {city} {pet} {job} {amenity}.
+#: TurtleGym's judge covers a key fact when half of its content words occur in the explanation, so
+#: every key fact has fewer than half of its content words in the surface story and the title: a
+#: restatement of what the player was shown covers nothing, and each fact needs a hidden word the
+#: host can confirm ("{name} is a {job}" would be covered by the name alone, so it reads "works as").
 TURTLE_STORIES = (
     ("pet", "the happy checkout",
      "{name} left a nice hotel in {city} after one night and was glad to go.",
@@ -183,24 +187,25 @@ TURTLE_STORIES = (
      ("{name} travels with a {pet}", "the hotel did not allow pets", "{name} moved to a pet friendly hotel")),
     ("job", "the early breakfast",
      "{name} paid for breakfast at a hotel in {city} every day but never ate it.",
-     "{name} is a {job} and started work at dawn. breakfast opened too late, so {name} ate at work.",
-     ("{name} is a {job}", "{name} started work at dawn", "breakfast opened too late")),
+     "{name} works as a {job} and started work at dawn. breakfast opened too late, so {name} ate at work.",
+     ("{name} works as a {job}", "{name} started work at dawn", "breakfast opened too late")),
     ("amenity", "the unused key",
      "{name} picked a hotel in {city} for its {amenity} and then never used it.",
-     "{name} picked the hotel for a friend who needed the {amenity}. the friend got sick and stayed home.",
-     ("the hotel was for a friend", "the friend needed the {amenity}", "the friend got sick and stayed home")),
+     "{name} booked the hotel for a friend who needed the {amenity}. the friend got sick and stayed home.",
+     ("{name} booked it for a friend", "the friend needed it", "the friend got sick and stayed home")),
     ("pet", "the quiet night",
      "{name} asked for the noisiest room in a hotel in {city}.",
-     "{name} has a {pet} that barks at silence. noise from the street kept the {pet} calm all night.",
-     ("{name} has a {pet}", "the {pet} is calm with noise", "street noise kept the {pet} calm")),
+     "{name} travels with a pet {pet} that gets restless in silence. the noise of the street calmed the {pet} "
+     "all night.",
+     ("{name} travels with a pet {pet}", "the {pet} is calm with noise", "street noise calmed the {pet}")),
     ("job", "the empty suitcase",
      "{name} flew to {city} with a big empty suitcase and came home happy.",
-     "{name} is a {job} who went to {city} to buy tools for work. the suitcase came home full.",
-     ("{name} is a {job}", "{name} went to buy tools", "the suitcase came home full")),
+     "{name} works as a {job} and went to {city} to buy tools for work. the suitcase came home full of tools.",
+     ("{name} works as a {job}", "{name} went to buy tools", "the tools were for work")),
     ("amenity", "the cold pool",
      "{name} complained that a hotel in {city} had a warm {amenity}.",
-     "{name} trains for cold water swimming. a warm {amenity} was useless for training.",
-     ("{name} trains for cold water swimming", "the {amenity} was warm", "warm water was useless for training")),
+     "{name} swims every day and trains for cold water swimming. a warm {amenity} was useless for training.",
+     ("{name} trains for cold water swimming", "{name} swims every day", "warm water was useless for training")),
 )
 
 # ----------------------------------------------------------------------------- function gym

@@ -15,8 +15,9 @@ Per gym (each reply is what the agent reads):
   value the preference is about, the reply says it ("…, so a mild menu"). A general question ("what
   else matters?") gets the next unrevealed preference, then "that's all"; anything else "I don't mind".
 * Turtle — the host's one word: ``Yes`` when at least half of the question's *new* content words
-  (those not already in the surface story) occur in the hidden story, ``No`` when the question is
-  about the story but not true of it, else ``Irrelevant``.
+  (those not already in the surface story, question frames such as "does the story involve" or
+  "someone" aside) occur in the hidden story, ``No`` when the question is about the story but not
+  true of it, else ``Irrelevant``.
 * Telepathy — ``Yes.`` when the question shares a content word with the entity's name, category or
   description (question frames such as "known" or "famous" aside), else ``No.``; never the name.
 
@@ -64,6 +65,8 @@ _GENERAL = re.compile(r"\b(what else|anything else|something else|else (matters|
                       r"other (preference|requirement)s?)\b", re.IGNORECASE)
 _PRICE_TOPIC = frozenset({"budget", "price", "cost", "spend", "expensive", "cheap", "afford"})
 _FRAME = frozenset("known famous someone something related associated connected".split())  # question frames
+_TURTLE_FRAME = frozenset("story involve involved involving someone something anyone anything happen happened "
+                          "role play part".split())
 _WHY = re.compile(r"\b(why|concern\w*|reason\w*|worr\w*|hesita\w*|hold\w* you back|objection\w*|doubt\w*|"
                   r"skeptic\w*|what makes you)\b", re.IGNORECASE)
 _OPEN = re.compile(r"\b(what else|anything else|what (details|matters|is important|should i know)|"
@@ -174,7 +177,7 @@ class OfflineUser:
         t = self.gym.task
         surface = content_words(t["surface"])
         story = content_words(t["solution"] + " " + " ".join(t.get("key_facts", [])))
-        qw = {w for w in content_words(q) if len(w) >= 3}
+        qw = {w for w in content_words(q) if len(w) >= 3} - _TURTLE_FRAME
         new = qw - shared(qw, surface) or qw
         if not new:
             return "Irrelevant"

@@ -8,11 +8,12 @@ only the user knows it must ask the user (an ``action`` turn, or ``answer`` to t
 TauGym) and act on the reply:
 
 - Travel (:mod:`.travel`): search, ask about what splits the options, recommend the one that fits;
-- Turtle (:mod:`.turtle`): test the twists the surface story suggests with yes/no questions, explain
-  with the confirmed ones;
+- Turtle (:mod:`.turtle`): test the twists the surface story suggests (classic puzzles' twists, and
+  generic ones: a pet, work, a friend, sickness…) with yes/no questions, explain with the confirmed ones;
 - Persuade (:mod:`.persuade`): ask what holds the user back, answer each concern;
 - Intention (:mod:`.intention`): ask what is still missing, then ask about it;
-- Telepathy (:mod:`.telepathy`): narrow the category down with yes/no questions, then guess;
+- Telepathy (:mod:`.telepathy`): narrow the category's well-known candidates down with yes/no
+  questions, then guess;
 - Tau (:mod:`.tau`): verify the customer, ask what they need, look it up, confirm, call the tools;
 - Function (:mod:`.function`): retrieve the test case, query it, answer the output;
 - Search (:mod:`.search`): search the question, answer with the span of the passages that fits it.

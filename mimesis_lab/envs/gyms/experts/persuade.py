@@ -61,6 +61,8 @@ class PersuadeExpert(Expert):
             concern = _concern(obs)
             if concern is None and self.turns_left > 3:
                 obs = yield ("action", _ASK[-1])      # uninformative reply: ask again, differently
+                if _NONE_LEFT.search(obs):
+                    break
                 concern = _concern(obs)
             if concern is None:
                 continue
@@ -81,6 +83,6 @@ def _concern(reply: str) -> str | None:
     """The concern stated in a reply, or ``None`` when it states none (a vague or off-topic reply)."""
     text = re.sub(r"^\s*(honestly\??|well,?|to be honest,?)\s*", "", reply.strip(), flags=re.IGNORECASE)
     if re.search(r"\b(don't know|not sure|have to think|not convinced)\b", text, re.IGNORECASE) \
-            or len(words(text)) < 3:
+            or _NONE_LEFT.search(text) or not words(text):
         return None
     return text

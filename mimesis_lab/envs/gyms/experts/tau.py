@@ -19,7 +19,8 @@ to them (``answer`` turns):
 4. state the plan and ask for confirmation; on ``yes`` call the write tools, then tell the customer
    it is done (the customer ends the conversation), or close with ``###DONE###``.
 
-An uninformative reply gets the question once more. Exploring, it may look up every order of the
+An uninformative reply gets the question once more (the request and a confirmation up to twice
+more, a confirmation not after a no). Exploring, it may look up every order of the
 account before asking, or confirm each change separately.
 """
 from __future__ import annotations
@@ -39,8 +40,9 @@ _INTENTS = (("exchange", r"\b(exchange|swap)"), ("return", r"\b(return|send (it|
             ("cancel", r"\bcancel"),
             ("address", r"\b(ship(ped)? to|deliver(ed)? to|should go to|send it to|shipping address|address)\b"))
 _ADDRESS = re.compile(r"(\d+ [A-Z][\w .]*?),\s*(?:((?:Apt|Suite|Floor|Unit)[^,]*),\s*)?([A-Z][\w .]*?),\s*"
-                      r"([A-Z]{2}) (\d{5}),\s*([A-Za-z .]+?)[.;]?(?:\s|$)")
+                      r"([A-Z]{2}) (\d{5})(?:,\s*([A-Za-z .]+?))?[.;]?(?:\s|$)")
 _YES = re.compile(r"^\s*(yes|yeah|sure|ok|okay|please do|go ahead)\b", re.IGNORECASE)
+_NO = re.compile(r"^\s*(no|nope|don't)\b", re.IGNORECASE)
 
 
 @dataclass
@@ -78,12 +80,15 @@ def plan_request(text: str, default_order: str | None = None) -> list[Step]:
     message that names no order is about ``default_order`` (the one under discussion)."""
     sents = re.split(r"(?<=[.!?])\s+", text.strip())
     segments: list[tuple[str, str]] = []
+    lead = ""      # what comes before the first order ("I moved to 984 Hill Ln, …") belongs to it
     for s in sents:
         ids = _ORDER.findall(s)
         if ids:
-            segments.append((ids[0], s))
+            segments.append((ids[0], (lead + " " + s).strip() if not segments else s))
         elif segments:
             segments[-1] = (segments[-1][0], segments[-1][1] + " " + s)
+        else:
+            lead += " " + s
     if not segments and default_order:
         segments = [(default_order, text)]
     steps = []
@@ -99,12 +104,14 @@ def plan_request(text: str, default_order: str | None = None) -> list[Step]:
     return steps
 
 
-def parse_address(text: str) -> dict[str, str] | None:
+def parse_address(text: str, country: str | None = None) -> dict[str, str] | None:
+    """The postal address in ``text`` ("450 Pine Street, Apt 12, Seattle, WA 98109, USA"); a customer
+    who names no country means their own (``country``, from their account), else ``None``."""
     m = _ADDRESS.search(text)
-    if m is None:
+    if m is None or not (m.group(6) or country):
         return None
     return {"address1": m.group(1).strip(), "address2": (m.group(2) or "").strip(), "city": m.group(3).strip(),
-            "state": m.group(4), "country": m.group(6).strip(), "zip": m.group(5)}
+            "state": m.group(4), "country": (m.group(6) or country or "").strip(), "zip": m.group(5)}
 
 
 def pick_payment(text: str, methods: dict[str, dict[str, Any]], default: str | None) -> str | None:
@@ -134,14 +141,20 @@ def _value_named(value: str, text: str) -> bool:
 
 
 def pick_variant(product: dict[str, Any], old_item: str, text: str) -> str | None:
-    """The variant of ``product`` (not ``old_item``) whose option values ``text`` names most."""
+    """The variant of ``product`` (not ``old_item``) whose option values ``text`` names most; among
+    those, the one that keeps most of the old item's other options ("the black one" of a size L shirt
+    is the black shirt in size L)."""
+    variants = product.get("variants", {})
+    old = (variants.get(old_item) or {}).get("options", {})
     scored = []
-    for vid, v in product.get("variants", {}).items():
+    for vid, v in variants.items():
         if vid == old_item:
             continue
-        scored.append((sum(_value_named(str(val), text) for val in v["options"].values()), vid))
-    scored.sort(key=lambda s: (-s[0], s[1]))
-    return scored[0][1] if scored and scored[0][0] > 0 else None
+        named = sum(_value_named(str(val), text) for val in v["options"].values())
+        kept = sum(old.get(k) == val for k, val in v["options"].items())
+        scored.append((named, kept, vid))
+    scored.sort(key=lambda s: (-s[0], -s[1], s[2]))
+    return scored[0][2] if scored and scored[0][0] > 0 else None
 
 
 def _items_named(order: dict[str, Any], text: str) -> list[dict[str, Any]]:
@@ -201,7 +214,8 @@ class TauExpert(Expert):
         first = (user.get("name") or {}).get("first_name", "")
         steps: list[Step] = []
         for ask in (f"Thank you{', ' + first if first else ''}, your account is verified. How can I help you today?",
-                    "Could you tell me which order it is about (the order number) and what you would like done?"):
+                    "Could you tell me which order it is about (the order number) and what you would like done?",
+                    "Sorry, I didn't catch that: which order is it, and what should I do with it?"):
             reply = yield ("answer", ask)
             if "has ended the conversation" in reply:
                 return
@@ -229,11 +243,13 @@ class TauExpert(Expert):
                 for group in groups:
                     what = " and ".join(s.describe() for s in group)
                     reply = yield ("answer", f"To confirm, I will {what}. Shall I proceed?")
-                    if not _YES.search(_said(reply)):
-                        reply = yield ("answer", f"Just to be sure: shall I {what}? Please answer yes or no.")
-                        if not _YES.search(_said(reply)):
+                    asks = 1
+                    while not _YES.search(_said(reply)):   # asked again while the reply is unclear, not after a no
+                        if asks >= 3 or _NO.search(_said(reply)):
                             yield ("answer", "###DONE###")
                             return
+                        reply = yield ("answer", f"Just to be sure: shall I {what}? Please answer yes or no.")
+                        asks += 1
                     for s in group:
                         yield ("action", s.call())
                     done += group
@@ -289,7 +305,7 @@ class TauExpert(Expert):
                                                        re.IGNORECASE) else "no longer needed"
             step.arguments = {"reason": reason}
         elif kind == "address":
-            addr = parse_address(st.text)
+            addr = parse_address(st.text, (order.get("address") or {}).get("country"))
             if addr is None:
                 return None, f"I could not read the new address for order {st.order}"
             step.arguments = addr

@@ -2,11 +2,16 @@
 
 The agent is told only the category ("I am thinking of a city"). The expert brings general
 knowledge — :data:`KNOWLEDGE`, a small table of well-known entities per kind with a few facts each,
-the kind of knowledge an LLM agent has — and plays twenty questions with it: it keeps a score per
-candidate of the categories that fit the one named, asks the fact that splits the best-scored
+the kind of knowledge an LLM agent has: famous landmarks, people and works, and everyday animals,
+dishes and cities by the traits anyone knows them by (fur, flight, spicy, by the sea…). It is a
+table of candidates, not of answers: which one the user has in mind it learns only from the
+user's replies. It plays twenty questions with it: it keeps a score per candidate of the
+categories that fit the one named, asks the fact that splits the best-scored
 candidates most evenly ("Is it from Africa?"), and after each answer raises the candidates the
 answer fits (``Yes``: those with the fact; ``No``: those without it, a little). "I'm not sure"
-changes nothing. It guesses the best-scored candidate once it leads clearly or the questions run
+changes nothing; that fact is asked once more in other words. The category text is evidence too:
+a candidate it speaks of (its name or one of its facts: "a food i love as a thai fan" → a Thai dish)
+starts a point ahead. It guesses the best-scored candidate once it leads clearly or the questions run
 out; a wrong guess drops that candidate and the game goes on, for at most :data:`MAX_GUESSES`
 guesses. An entity outside the table cannot be
 found (the trace is then unrewarded and dropped).
@@ -47,7 +52,7 @@ KNOWLEDGE: dict[str, tuple[str, dict[str, list[str]]]] = {
         "Great Barrier Reef": ["a coral reef", "in Australia", "in the ocean"],
         "Mount Fuji": ["a mountain", "a volcano", "in Japan"],
     }),
-    "animal": ("animal creature species", {
+    "animal": ("animal creature species pet", {
         "Giraffe": ["from Africa", "the tallest", "with a long neck", "from the savanna"],
         "Elephant": ["from Africa", "the heaviest", "with a trunk", "with tusks"],
         "Lion": ["from Africa", "a big cat", "a predator", "with a mane"],
@@ -55,6 +60,17 @@ KNOWLEDGE: dict[str, tuple[str, dict[str, list[str]]]] = {
         "Kangaroo": ["from Australia", "a marsupial", "a jumper", "with a pouch"],
         "Blue whale": ["from the ocean", "the largest", "a mammal", "a krill eater"],
         "Giant panda": ["from China", "a bear", "a bamboo eater"],
+        # everyday animals, described by the traits anyone knows them by
+        "Dog": ["covered in fur", "kept as a pet", "four-legged"],
+        "Cat": ["covered in fur", "kept as a pet", "four-legged"],
+        "Rabbit": ["covered in fur", "kept as a pet", "four-legged"],
+        "Horse": ["covered in fur", "bigger than a dog", "four-legged"],
+        "Goat": ["covered in fur", "four-legged"],
+        "Parrot": ["able to fly", "kept as a pet"],
+        "Owl": ["able to fly"],
+        "Dolphin": ["found in water", "bigger than a dog"],
+        "Goldfish": ["found in water", "kept as a pet"],
+        "Turtle": ["found in water", "kept as a pet", "four-legged"],
     }),
     "person": ("historical figure person people scientist leader", {
         "Albert Einstein": ["a physicist", "known for relativity", "German", "a Nobel laureate"],
@@ -66,13 +82,19 @@ KNOWLEDGE: dict[str, tuple[str, dict[str, list[str]]]] = {
         "Leonardo da Vinci": ["a painter", "Italian", "an inventor"],
     }),
     "food": ("food dish meal cuisine", {
-        "Pizza": ["baked", "topped with cheese", "topped with tomato", "from Naples", "made of dough"],
-        "Sushi": ["Japanese", "made with rice", "made with raw fish"],
-        "Hamburger": ["American", "made with beef", "served in a bun"],
-        "Tacos": ["Mexican", "made with tortillas"],
+        "Pizza": ["baked", "topped with cheese", "topped with tomato", "from Naples", "made of dough", "Italian",
+                  "eaten hot"],
+        "Sushi": ["Japanese", "made with rice", "made with raw fish", "from Asia", "seafood"],
+        "Burger": ["American", "made with beef", "served in a bun", "made with meat", "eaten hot"],
+        "Tacos": ["Mexican", "made with tortillas", "spicy", "made with meat", "eaten hot"],
         "Croissant": ["French", "a pastry", "made with butter"],
-        "Pasta": ["Italian", "boiled", "made of noodles"],
+        "Pasta": ["Italian", "boiled", "made of noodles", "eaten hot"],
         "Ice cream": ["frozen", "a dessert", "sweet"],
+        "Gelato": ["Italian", "frozen", "a dessert", "sweet"],
+        "Curry": ["spicy", "made with meat", "eaten hot", "from Asia", "Thai", "Indian"],
+        "Ramen": ["Japanese", "made with meat", "eaten hot", "from Asia", "a noodle soup"],
+        "Pancakes": ["sweet", "eaten hot", "a breakfast"],
+        "Salad": ["vegan", "vegetarian", "made of vegetables"],
     }),
     "character": ("fictional character hero", {
         "Harry Potter": ["a wizard", "a boy", "from Rowling's novels", "a magic user"],
@@ -116,13 +138,19 @@ KNOWLEDGE: dict[str, tuple[str, dict[str, list[str]]]] = {
         "Girl with a Pearl Earring": ["by Vermeer", "a portrait", "Dutch"],
     }),
     "city": ("city town capital", {
-        "Tokyo": ["in Japan", "a capital", "in Asia"],
-        "Paris": ["in France", "a capital", "in Europe"],
-        "London": ["in England", "a capital", "on the Thames"],
-        "New York": ["in the United States", "full of skyscrapers"],
-        "Rome": ["in Italy", "a capital", "ancient"],
-        "Sydney": ["in Australia", "by a harbour"],
-        "Cairo": ["in Egypt", "a capital", "near the pyramids"],
+        "Tokyo": ["in Japan", "a capital", "in Asia", "very big"],
+        "Paris": ["in France", "a capital", "home to a famous tower", "very old", "very big"],
+        "London": ["in England", "a capital", "on the Thames", "very big"],
+        "New York": ["in the United States", "full of skyscrapers", "by the sea", "very big"],
+        "Rome": ["in Italy", "a capital", "ancient", "very old", "in the south of Europe", "very big"],
+        "Sydney": ["in Australia", "by a harbour", "by the sea"],
+        "Cairo": ["in Egypt", "a capital", "near the pyramids", "very old", "very big"],
+        "Lisbon": ["in Portugal", "a capital", "by the sea", "in the south of Europe", "very old"],
+        "Madrid": ["in Spain", "a capital", "in the south of Europe", "very big"],
+        "Athens": ["in Greece", "a capital", "by the sea", "in the south of Europe", "very old"],
+        "Berlin": ["in Germany", "a capital", "home to a famous tower", "very big"],
+        "Prague": ["in Czechia", "a capital", "very old"],
+        "Vienna": ["in Austria", "a capital", "very old", "very big"],
     }),
     "game": ("game sport pastime", {
         "Chess": ["played on a board", "with pawns", "a strategy", "for two players"],
@@ -143,6 +171,7 @@ KNOWLEDGE: dict[str, tuple[str, dict[str, list[str]]]] = {
 }
 
 
+_UNSURE = re.compile(r"\s*(i'?m not sure|not sure|hmm|i don'?t know)", re.IGNORECASE)
 MAX_GUESSES = 3   # guessing down the whole list is not a strategy worth teaching
 
 
@@ -159,11 +188,16 @@ class TelepathyExpert(Expert):
         cw = words(category)
         fitting = [kind for kind, (cues, _) in KNOWLEDGE.items() if shared(words(cues), cw)] or list(KNOWLEDGE)
         facts: dict[str, set[str]] = {}
+        told: set[str] = set()       # entities the category text itself speaks of ("food i love as a thai fan")
+        extra = cw - {w for kind in fitting for w in words(KNOWLEDGE[kind][0])}
         for kind in fitting:
             for entity, fs in KNOWLEDGE[kind][1].items():
                 facts.setdefault(entity, set()).update(f for f in fs if not shared(words(f), cw))
-        score = {e: 0.0 for e in facts}
+                if any(shared(words(x), extra) for x in (entity, *fs)):
+                    told.add(entity)
+        score = {e: (1.0 if e in told else 0.0) for e in facts}
         asked: set[str] = set()
+        again: set[str] = set()      # facts asked twice after an unsure reply
         guesses = 0
         guess_at = 1.0 if self.coin(0.3) else 2.0          # exploring: guess on a thinner lead
         if self.coin(0.4):                                 # exploring: a fact at random first
@@ -185,7 +219,11 @@ class TelepathyExpert(Expert):
                 continue
             f = min(options, key=lambda f: abs(sum(f in facts[e] for e in top) - len(top) / 2))
             asked.add(f)
-            _update(score, facts, f, (yield ("action", _question(f))))
+            reply = yield ("action", _question(f))
+            if _UNSURE.match(reply) and f not in again and self.turns_left > MAX_GUESSES - guesses + 1:
+                again.add(f)         # an unsure reply: the same fact once more, in other words
+                reply = yield ("action", f"Sorry, let me ask again: would you say it is {f}?")
+            _update(score, facts, f, reply)
 
 
 def _update(score: dict[str, float], facts: dict[str, set[str]], fact: str, reply: str) -> None:

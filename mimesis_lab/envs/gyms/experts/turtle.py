@@ -1,28 +1,41 @@
 """TurtleGym expert: test the twists the surface story suggests with yes/no questions, then explain
 the story with the twists the host confirmed.
 
-The hidden story is the host's; the host answers only Yes / No / Irrelevant. The expert brings
-general knowledge of lateral-thinking puzzles — :data:`TWISTS`, classic twists, each a yes/no
-question, the explanation it implies and the surface words that suggest it (the knowledge an LLM
-agent brings to "turtle soup") — and asks the twists whose cue words the surface story contains,
-the strongly suggested ones (two cue words or more) first. Only a twist the host answers ``Yes`` goes
-into the explanation; a twist answered ``No`` or ``Irrelevant`` is dropped. After the strongly
-suggested twists it ``answer``s with the confirmed ones; when the feedback says the explanation is
-incomplete and turns are left, it tests the weakly suggested twists and answers again. With no
-confirmed twist it still answers (a bare restatement earns nothing and the trace is dropped).
+The hidden story is the host's; the host answers only Yes / No / Irrelevant. The expert brings two
+kinds of general knowledge, the knowledge an LLM agent brings to "turtle soup":
 
-Exploring, it may ask the twists of a tier in another order or explain after the first half of the
-strongly suggested ones, then ask the rest and explain again (the gym pays each improvement).
+- :data:`TWISTS`, the twists of *classic* puzzles (the man who asks for a glass of water, the car
+  pushed to a hotel…), each a yes/no question, the explanation it implies and the surface words
+  that suggest it;
+- :data:`HUNCHES`, *generic* twists that are not tied to any puzzle — the usual hidden reasons
+  behind an odd choice: a pet, work, a friend, someone falling sick, the time of day, noise,
+  training, shopping, a rule… Each is a question about one concept ("Does the story involve a
+  pet?"), the clause it adds to the explanation, filled with the story's protagonist as the surface
+  names them, and the surface words that make it worth asking (its associations: a noisy room
+  suggests noise or a pet, an unused booking someone else). A confirmed hunch may open a follow-up
+  (:data:`KINDS`: which pet?), asked until the host says ``Yes``.
+
+It asks the twists and hunches whose cue words the surface story or its title contains, the
+strongly suggested ones (two cue words or more) first; a classic twist only when two of its cue
+words are there (one shared word, "hotel", does not make a story that puzzle). Only what the host answers ``Yes`` goes into
+the explanation; ``No`` and ``Irrelevant`` are dropped. After the strongly suggested ones it
+``answer``s with the surface story and the confirmed clauses; when the feedback says the explanation
+is incomplete and turns are left, it tests the weakly suggested ones and answers again. With nothing
+confirmed it still answers with the surface story (which earns nothing, and the trace is dropped).
+
+Exploring, it may ask a tier in another order or explain after the first half of the strongly
+suggested ones, then ask the rest and explain again (the gym pays each improvement).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Generator
 
 from mimesis_lab.envs.gyms.experts.base import Action, Expert
 from mimesis_lab.envs.gyms.text import shared, words
 
-__all__ = ["TurtleExpert", "Twist", "TWISTS"]
+__all__ = ["TurtleExpert", "Twist", "TWISTS", "HUNCHES", "KINDS", "protagonist"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,7 @@ class Twist:
     question: str
     explanation: str
     cues: str       # surface words that make the twist worth asking
+    kind: str = ""  # a confirmed twist opens this follow-up (:data:`KINDS`)
 
 
 TWISTS: tuple[Twist, ...] = (
@@ -114,15 +128,64 @@ TWISTS: tuple[Twist, ...] = (
 )
 
 
+# Generic twists: ``{name}`` is the story's protagonist as the surface names them ("grace", "the man").
+HUNCHES: tuple[Twist, ...] = (
+    Twist("Does the story involve a pet?", "{name} has a pet.",
+          "hotel room night home house flat left checkout glad noisy noisiest quiet walk garden", kind="pet"),
+    Twist("Does the story involve {name}'s work?", "It was about {name}'s work: {name} works.",
+          "early morning breakfast paid every day suitcase tools flew trip business office never uniform"),
+    Twist("Did it happen at dawn?", "{name} started at dawn.", "early morning breakfast sunrise night alarm ate"),
+    Twist("Was something too late?", "It was too late.", "early breakfast never ate missed clock waited time"),
+    Twist("Does the story involve a friend?", "It was for a friend who needed it.",
+          "picked booked unused never used key gift present bought for two"),
+    Twist("Was someone sick?", "Someone got sick and stayed home.",
+          "never used unused empty cancelled missed stayed hospital doctor medicine"),
+    Twist("Does the story involve noise?", "The noise mattered.", "noisiest noisy loud quiet silent night sleep room"),
+    Twist("Did {name} go to buy something?", "{name} went to buy something.",
+          "empty suitcase bag shop shopping market paid money flew trip"),
+    Twist("Is {name} training for something?", "{name} trains: it was all about training.",
+          "cold warm pool gym complained sport race run runner fit"),
+    Twist("Does the story involve swimming?", "{name} swims: swimming in the water.",
+          "pool cold warm water sea beach lake river complained"),
+    Twist("Was something not allowed?", "It was not allowed.", "left checkout glad rule banned hotel forbidden"),
+    Twist("Does the story involve money?", "Money was the problem.", "paid price cost expensive cheap bankrupt"),
+    Twist("Does the story involve a child?", "A child was part of it.", "family room kids toy school"),
+    Twist("Does the story involve an allergy?", "Someone had an allergy.", "food ate eat breakfast pet sneeze"),
+    Twist("Was someone afraid?", "Someone was afraid.", "dark night alone screamed ran"),
+    Twist("Was it a gift?", "It was a gift.", "present birthday wrapped box bought"),
+)
+#: follow-ups: after a confirmed hunch of this kind, which one is it?
+KINDS: dict[str, tuple[str, ...]] = {
+    "pet": ("dog", "cat", "parrot", "rabbit", "hamster", "goldfish"),
+}
+_KIND_CLAUSE = {"pet": "The pet is a {value}: {name} has a {value}."}
+
+
+def protagonist(surface: str) -> str:
+    """Who the surface story is about, as it names them: its first word, after an article or a number
+    when it opens with one ("grace paid…" → "grace", "A man walks…" → "the man", "Two girls…" → "the girls")."""
+    m = re.match(r"\s*(?:(a|an|the|two|three|four)\s+)?([A-Za-z][\w'-]*)", surface, re.IGNORECASE)
+    if not m:
+        return "the protagonist"
+    return f"the {m.group(2).lower()}" if m.group(1) else m.group(2)
+
+
 class TurtleExpert(Expert):
     gym = "turtle"
 
     def policy(self) -> Generator[Action, str, None]:
-        surface = self.view.request.split("Surface:", 1)[-1].split("\n")[0]
-        sw = words(surface)
-        cues = {t: len(shared(words(t.cues), sw)) for t in TWISTS}
+        request = self.view.request
+        surface = request.split("Surface:", 1)[-1].split("\n")[0].strip()
+        title = request.split("Title:", 1)[-1].split("\n")[0] if "Title:" in request else ""
+        name = protagonist(surface)
+        sw = words(surface) | words(title)
+        pool = [Twist(t.question.format(name=name), t.explanation.format(name=name), t.cues, t.kind)
+                for t in TWISTS + HUNCHES]
+        cues = {t: len(shared(words(t.cues), sw)) for t in pool}
+        for t in pool[:len(TWISTS)]:    # a classic puzzle is recognised by two of its marks, never by one
+            cues[t] = cues[t] if cues[t] >= 2 else 0
         # the strongly suggested twists first (two cue words or more), then the rest
-        tiers = [[t for t in TWISTS if cues[t] >= 2], [t for t in TWISTS if cues[t] == 1]]
+        tiers = [[t for t in pool if cues[t] >= 2], [t for t in pool if cues[t] == 1]]
         for tier in tiers:
             tier.sort(key=lambda t: -cues[t])
             if self.coin(0.5):
@@ -137,12 +200,23 @@ class TurtleExpert(Expert):
                 if self.turns_left <= 1:
                     break
                 reply = yield ("action", twist.question)
-                if reply.strip().lower().startswith("yes"):
-                    confirmed.append(twist.explanation)
+                if not _yes(reply):
+                    continue
+                confirmed.append(twist.explanation)
+                for value in KINDS.get(twist.kind, ()):    # which one? until the host says yes
+                    if self.turns_left <= 1:
+                        break
+                    if _yes((yield ("action", f"Does the story involve a {value}?"))):
+                        confirmed.append(_KIND_CLAUSE[twist.kind].format(name=name, value=value))
+                        break
             if len(confirmed) > answered and self.turns_left >= 1:
                 answered = len(confirmed)
-                obs = yield ("answer", " ".join(confirmed))
+                obs = yield ("answer", f"What really happened: {surface} " + " ".join(confirmed))
                 if "captures the whole" in obs:
                     return
         if not answered:
             yield ("answer", f"What really happened: {surface}")
+
+
+def _yes(reply: str) -> bool:
+    return reply.strip().lower().startswith("yes")
