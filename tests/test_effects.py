@@ -36,7 +36,8 @@ def test_wilson_ci_and_paired_differences():
 def test_midtrain_effects():
     e = eff.midtrain_loss_ratio({"initial_val_loss": 10.0, "final_val_loss": 6.0, "unigram_val_loss": 7.0})
     assert e["value"] == 0.6 and e["passed"] and e["ci"] is None and "initial model" in e["ci_note"]
-    assert not eff.midtrain_loss_ratio({"initial_val_loss": 10.0, "final_val_loss": 6.0, "unigram_val_loss": 5.0})["passed"]
+    worse = {"initial_val_loss": 10.0, "final_val_loss": 6.0, "unigram_val_loss": 5.0}
+    assert not eff.midtrain_loss_ratio(worse)["passed"]
     assert not eff.midtrain_loss_ratio({"initial_val_loss": 10.0, "final_val_loss": 6.0})["passed"]  # no unigram
     # per conversation [model_nll, unigram_nll, targets]: (9 - 10) / 3; resamples: -1 (ex1 twice), 1 (ex2 twice)
     u = eff.midtrain_vs_unigram({"unigram": {"per_example": [[6, 8, 2], [3, 2, 1]]}})
@@ -50,13 +51,17 @@ def test_sft_format_rate_sampled_and_missing():
     s = {"format_sampled_samples": 8, "format_sampled_well_formed": 4, "format_sampled_per_prompt": [[3, 4], [1, 4]],
          "format_think_open_close_rate": 1.0}
     e = eff.sft_format_rate(s)
-    # prompts resampled: 6/8, 2/8 or 4/8
-    assert e["value"] == 0.5 and not e["passed"] and e["ci"] == [0.25, 0.75] and e["ci_unit"] == "prompt"
-    assert e["greedy_rate"] == 1.0
+    # prompts resampled: 6/8, 2/8 or 4/8 -> [.25, .75]; Wilson(4, 8) = [.215, .785] is wider: the hull
+    assert e["value"] == 0.5 and not e["passed"] and e["ci"] == pytest.approx([0.2152, 0.7848], abs=1e-4)
+    assert e["greedy_rate"] == 1.0 and e["prompts"] == 2
     ok = eff.sft_format_rate({"format_sampled_samples": 40, "format_sampled_well_formed": 38})
-    assert ok["passed"] and ok["ci_unit"] == "sample" and ok["ci"] == eff.wilson_ci(38, 40)
+    assert ok["passed"] and ok["ci_unit"] == "sample (Wilson)" and ok["ci"] == eff.wilson_ci(38, 40)
+    zero = eff.sft_format_rate({"format_sampled_samples": 64, "format_sampled_well_formed": 0,
+                                "format_sampled_per_prompt": [[0, 32], [0, 32]]})
+    assert zero["ci"] == eff.wilson_ci(0, 64) and zero["ci"][1] > 0.05       # not the bootstrap's [0, 0]
     m = eff.sft_format_rate({"format_think_open_close_rate": 0.0})          # greedy only: the target is sampled
-    assert m["value"] is None and not m["passed"] and "format_sampled" in m["missing_reason"] and m["greedy_rate"] == 0.0
+    assert m["value"] is None and not m["passed"] and "format_sampled" in m["missing_reason"]
+    assert m["greedy_rate"] == 0.0
 
 
 def _roll(step, raw, source="usersim_behavior", invalid=None, ff=0):
@@ -97,7 +102,8 @@ def _beh(task, raw, seed=0, excluded=None):
 
 def _fid(conv, hits):
     dims = ["persona", "style", "technical_competency", "information_flow", "pacing"]
-    return {"type": "fidelity_judgement", "conversation_id": conv, "matches": {d: int(i < hits) for i, d in enumerate(dims)}}
+    return {"type": "fidelity_judgement", "conversation_id": conv,
+            "matches": {d: int(i < hits) for i, d in enumerate(dims)}}
 
 
 RECORDS = {
@@ -129,9 +135,12 @@ def _ar(agent, user, gym, task, reward, invalid=None):
 
 
 AGENT_ROLLOUTS = [
-    _ar("base", "u1", "travel", "t1", 0.0), _ar("grpo", "u1", "travel", "t1", 0.5), _ar("csd", "u1", "travel", "t1", 0.5),
-    _ar("base", "u2", "travel", "t1", 0.2), _ar("grpo", "u2", "travel", "t1", 0.2), _ar("csd", "u2", "travel", "t1", 0.0),
-    _ar("base", "u1", "search", "s1", 0.0), _ar("grpo", "u1", "search", "s1", 0.0), _ar("csd", "u1", "search", "s1", 0.0),
+    _ar("base", "u1", "travel", "t1", 0.0), _ar("grpo", "u1", "travel", "t1", 0.5),
+    _ar("csd", "u1", "travel", "t1", 0.5),
+    _ar("base", "u2", "travel", "t1", 0.2), _ar("grpo", "u2", "travel", "t1", 0.2),
+    _ar("csd", "u2", "travel", "t1", 0.0),
+    _ar("base", "u1", "search", "s1", 0.0), _ar("grpo", "u1", "search", "s1", 0.0),
+    _ar("csd", "u1", "search", "s1", 0.0),
     _ar("base", "u2", "search", "s1", 0.0), _ar("grpo", "u2", "search", "s1", 1.0, invalid="refusal"),
     _ar("csd", "u2", "search", "s1", 0.0),
 ]
@@ -158,17 +167,21 @@ def test_user_matters():
     same = [_ar("a", u, "travel", t, 1.0) for u in ("u1", "u2") for t in ("t1", "t2")]
     flat = eff.user_matters(same, "a")
     assert flat["value"] == 0.0 and flat["ci"] == [0.0, 0.0] and not flat["passed"]
-    diff = [_ar("a", "u1", "travel", t, 1.0) for t in ("t1", "t2")] + [_ar("a", "u2", "travel", t, 0.0) for t in ("t1", "t2")]
+    diff = [_ar("a", u, "travel", t, float(u == "u1")) for u in ("u1", "u2") for t in ("t1", "t2")]
     yes = eff.user_matters(diff, "a")
     assert yes["value"] == 1.0 and yes["ci"] == [1.0, 1.0] and yes["passed"]
     assert eff.user_matters([_ar("a", "u1", "travel", "t1", 1.0)], "a")["missing_reason"]
 
 
 def test_csd_coach_note_rate():
-    steps = [{"kind": "start"}, {"kind": "train", "step": 1, "metrics": {"csd/coach_ok": 1.0, "csd/turns_selected": 4.0}},
+    steps = [{"kind": "start"},
+             {"kind": "train", "step": 1, "metrics": {"csd/coach_ok": 1.0, "csd/turns_selected": 4.0}},
              {"kind": "train", "step": 2, "metrics": {"csd/coach_ok": 2.0, "csd/turns_selected": 4.0}}]
     e = eff.csd_coach_note_rate(steps)
-    assert e["value"] == 3 / 8 and e["passed"] and e["n"] == 8 and e["ci"] == [0.25, 0.5]   # steps resampled
+    # steps resampled: 2/8, 4/8 or 3/8 -> [.25, .5]; Wilson(3, 8) = [.137, .694]: the hull
+    assert e["value"] == 3 / 8 and e["passed"] and e["n"] == 8 and e["ci"] == eff.wilson_ci(3, 8)
+    assert eff.proportion_ci(3, 8, [(1, 4), (2, 4)]) == eff.wilson_ci(3, 8)
+    assert eff.proportion_ci(3, 8, [(0, 4), (3, 4)]) == [0.0, 0.75]     # clusters 0/8 and 6/8 beat Wilson
     none = eff.csd_coach_note_rate([{"kind": "train", "step": 1, "metrics": {"csd/turns_selected": 0.0}}])
     assert none["value"] is None and not none["passed"]
 
@@ -206,7 +219,8 @@ def test_compute_effects_flags_identical_checkpoints_and_splits_gyms():
     for name in ("sim_rl_reward_gain", "sim_eval_vs_sft", "sim_eval_vs_sft_fi", "csd_vs_grpo"):
         assert out[name]["passed"] is False and out[name]["identical_to"] and out[name]["value"] is not None, name
     assert out["sim_rl_format_failure_end"]["passed"] and "identical_to" not in out["sim_rl_format_failure_end"]
-    assert out["grpo_vs_warm_start_train"]["gyms"] == ["travel"] and out["grpo_vs_warm_start_heldout"]["gyms"] == ["search"]
+    assert out["grpo_vs_warm_start_train"]["gyms"] == ["travel"]
+    assert out["grpo_vs_warm_start_heldout"]["gyms"] == ["search"]
     assert "identical_to" not in out["grpo_vs_warm_start_train"]
 
 
@@ -216,7 +230,8 @@ def test_load_inputs_detects_identical_weights(tmp_path):
         (tmp_path / name / "model.safetensors").write_bytes(data)
         (tmp_path / name / "config.json").write_text(name)            # not weights: ignored
     x, sha = eff.load_inputs(midtrain=tmp_path / "none.json", sft=tmp_path / "none.json", sim_rl_dir=tmp_path / "x",
-                             sim_eval_dir=tmp_path / "x", agent_eval_dir=tmp_path / "x", csd_metrics=tmp_path / "x.jsonl",
+                             sim_eval_dir=tmp_path / "x", agent_eval_dir=tmp_path / "x",
+                             csd_metrics=tmp_path / "x.jsonl",
                              checkpoints={p: tmp_path / p for p in ("sft", "sim_rl", "agent_grpo", "agent_csd",
                                                                     "agent_sft")},
                              sims={"trained": "mimesis", "sft": "sft", "base": "base"}, agents={}, train_gyms=None)

@@ -39,7 +39,8 @@ def test_unigram_baseline_uses_the_training_targets(tmp_path):
                              len(tok), tok.pad_token_id, tok.eos_token_id)
     save_hf(model, tok, tmp_path / "m")
     conv = lambda a, b: [{"role": "user", "content": a}, {"role": "assistant", "content": b}]  # noqa: E731
-    pl.DataFrame({"messages": [conv("hello", "world how"), conv("how are", "you")]}).write_parquet(tmp_path / "t.parquet")
+    pl.DataFrame({"messages": [conv("hello", "world how"), conv("how are", "you")]}).write_parquet(
+        tmp_path / "t.parquet")
     pl.DataFrame({"messages": [conv("are you", "hello world"), conv("world", "how are you")]}).write_parquet(
         tmp_path / "v.parquet")
     cfg = load_params(str(ROOT / "params.yaml")).midtrain.model_copy(

@@ -131,11 +131,12 @@ def test_does_it_work_section_rows_and_flags():
     assert "1 of 4 targets met, 1 missing" in md
     row = {ln.split("`")[1]: ln for ln in lines if ln.startswith("| ") and "`" in ln}
     assert row["midtrain_loss_ratio"].endswith("| <= 0.7 and final < unigram | 7 | PASS |")
-    assert "| 0.150 | [0.100, 0.200] |" in row["sim_eval_vs_sft"] and "FAIL** (identical weights)" in row["sim_eval_vs_sft"]
+    assert "| 0.150 | [0.100, 0.200] |" in row["sim_eval_vs_sft"]
+    assert "FAIL** (identical weights)" in row["sim_eval_vs_sft"]
     assert row["csd_coach_note_rate"].endswith("| >= 0.3 | 40 | **FAIL** |")
     assert row["rank_spread"].endswith("| – | – | > 0 | 0 | **MISSING** |")
     assert "- `rank_spread`: eval/agent_eval/summary.json has fewer than 2 methods" in md
-    assert "- `csd_coach_note_rate`: CI over steps." in md
+    assert "- `csd_coach_note_rate`: CI unit: step." in md
 
 
 def test_report_opens_with_does_it_work():
@@ -165,11 +166,13 @@ def test_report_effects_from_params_have_the_exact_shape(tmp_path, monkeypatch):
     for e in effects.values():
         assert {"value", "ci", "target", "passed"} <= set(e) and isinstance(e["passed"], bool)
         assert e["value"] is not None or e["missing_reason"]
-    assert effects["midtrain_loss_ratio"]["value"] == pytest.approx(0.9) and not effects["midtrain_loss_ratio"]["passed"]
-    assert effects["midtrain_vs_unigram"]["value"] == pytest.approx(0.2) and effects["midtrain_vs_unigram"]["ci"] is None
+    ratio, uni = effects["midtrain_loss_ratio"], effects["midtrain_vs_unigram"]
+    assert ratio["value"] == pytest.approx(0.9) and not ratio["passed"]           # 7.2 / 8 > 0.7
+    assert uni["value"] == pytest.approx(0.2) and uni["ci"] is None and not uni["passed"]   # 7.2 - 7.0
     assert effects["sim_rl_reward_gain"]["identical_to"] == "sft"
     flat = flat_effects(effects)
-    assert flat["effects/midtrain_loss_ratio"] == pytest.approx(0.9) and flat["effects/midtrain_loss_ratio/passed"] == 0.0
+    assert flat["effects/midtrain_loss_ratio"] == pytest.approx(0.9)
+    assert flat["effects/midtrain_loss_ratio/passed"] == 0.0
     assert "effects/rank_spread" not in flat and flat["effects/rank_spread/passed"] == 0.0
 
 

@@ -88,8 +88,8 @@ def test_sampled_format_on_a_tiny_model_is_seeded(tmp_path):
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=8),
                              len(tok), tok.pad_token_id, tok.eos_token_id)
     save_hf(model, tok, tmp_path / "m")
-    pl.DataFrame({"messages": [[{"role": "system", "content": "s"}, {"role": "assistant", "content": "<think>a</think>b"}]]}
-                 ).write_parquet(tmp_path / "val.parquet")
+    msgs = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "<think>a</think>b"}]
+    pl.DataFrame({"messages": [msgs]}).write_parquet(tmp_path / "val.parquet")
     sampling = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0)
     a = evaluate_folder(tmp_path / "m", tmp_path / "val.parquet", sampling, seed=3, max_new_tokens=4)["sampled"]
     b = evaluate_folder(tmp_path / "m", tmp_path / "val.parquet", sampling, seed=3, max_new_tokens=4)["sampled"]

@@ -32,7 +32,8 @@ import numpy as np
 
 __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
            "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
-           "sim_rl_format_failure_end", "sim_eval_vs", "agent_vs", "user_matters", "csd_coach_note_rate",
+           "sim_rl_format_failure_end", "sim_eval_vs", "proportion_ci", "agent_vs", "user_matters",
+           "csd_coach_note_rate",
            "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
            "PHASE_OF"]
 
@@ -89,6 +90,18 @@ def paired_differences(a: Mapping[Hashable, float], b: Mapping[Hashable, float])
     """``(a[k] - b[k] for the keys both have, in sorted key order; number of keys only one side has)``."""
     common = sorted(set(a) & set(b), key=str)
     return [float(a[k]) - float(b[k]) for k in common], len(set(a) ^ set(b))
+
+
+def proportion_ci(k: int, n: int, clusters: Sequence[tuple[float, float]] = ()) -> list[float] | None:
+    """CI of a share ``k / n`` whose trials come in ``clusters`` (``(successes, trials)`` each): the hull of the
+    cluster bootstrap (it keeps the correlation within a cluster) and the Wilson interval (which, unlike the
+    bootstrap, does not collapse to a point when every trial failed or succeeded). E.g. 0 of 64 in 11 prompts:
+    the bootstrap gives [0, 0], Wilson [0, 0.057]: the CI is [0, 0.057]."""
+    w = wilson_ci(k, n)
+    b = bootstrap_ci(clusters, _ratio_of_sums(0, 1)) if len(clusters) >= 2 else None
+    if w is None or b is None:
+        return w or b
+    return [min(w[0], b[0]), max(w[1], b[1])]
 
 
 def _ratio_of_sums(num: int, den: int) -> Stat:
@@ -162,16 +175,16 @@ def midtrain_vs_unigram(summary: Mapping[str, Any] | None) -> dict:
 def sft_format_rate(summary: Mapping[str, Any] | None) -> dict:
     """Share of sampled replies (``params.sim_rl.rollout`` temperature/top_p/max_new_tokens, fixed seed, validation
     prompts) that are well-formed ``<think>…</think>utterance`` (``parse_reply``). Target: >= 0.9. CI: bootstrap
-    over prompts (Wilson over samples if per-prompt counts are absent)."""
+    over prompts and Wilson over samples (:func:`proportion_ci`)."""
     target = ">= 0.9 (sampled)"
     s = summary or {}
     greedy = s.get("format_think_open_close_rate")
     if s.get("format_sampled_samples"):
         k, n = int(s["format_sampled_well_formed"]), int(s["format_sampled_samples"])
         per = s.get("format_sampled_per_prompt") or []
-        ci, unit = (bootstrap_ci(per, _ratio_of_sums(0, 1)), "prompt") if len(per) >= 2 else (wilson_ci(k, n), "sample")
-        return make_effect(k / n, ci, target, k / n >= 0.9, unit="share", n=n, ci_unit=unit, greedy_rate=greedy,
-                           prompts=len(per), errors=s.get("format_sampled_error_counts"))
+        return make_effect(k / n, proportion_ci(k, n, per), target, k / n >= 0.9, unit="share", n=n,
+                           ci_unit="prompt (bootstrap) and sample (Wilson)" if len(per) >= 2 else "sample (Wilson)",
+                           greedy_rate=greedy, prompts=len(per), errors=s.get("format_sampled_error_counts"))
     return missing(target, "metrics/sft.json has no sampled format measurement (format_sampled_*)", unit="share",
                    greedy_rate=greedy)
 
@@ -300,7 +313,7 @@ def agent_vs(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None, ot
     value = sum(d) / len(d)
     ci = bootstrap_ci(d)
     passed = value > 0 and ci is not None and ci[0] > 0 if need_ci else value >= 0
-    e = make_effect(value, ci, target, passed, unit="reward", n=len(d), unpaired=unpaired, ci_unit="task x user",
+    e = make_effect(value, ci, target, passed, unit="reward", n=len(d), unpaired=unpaired, ci_unit="task × user",
                     gyms=sorted(gs) if gs else None)
     return _flag_identical(e, same_as, f"the agent {agent!r}")
 
@@ -334,7 +347,7 @@ def user_matters(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None
 def csd_coach_note_rate(steps: Sequence[Mapping[str, Any]] | None) -> dict:
     """Share of the turns CSD selected for coaching where the coach wrote a note: sum ``csd/coach_ok`` / sum
     ``csd/turns_selected`` over the training steps (``models/agent_csd/metrics.jsonl``). Target: >= 0.3. CI:
-    bootstrap over steps (ratio of sums)."""
+    bootstrap over steps (ratio of sums) and Wilson over turns (:func:`proportion_ci`)."""
     target = ">= 0.3"
     rows = [((r.get("metrics") or {}).get("csd/coach_ok"), (r.get("metrics") or {}).get("csd/turns_selected"))
             for r in steps or [] if r.get("kind") == "train"]
@@ -343,9 +356,9 @@ def csd_coach_note_rate(steps: Sequence[Mapping[str, Any]] | None) -> dict:
     if not den:
         return missing(target, "models/agent_csd/metrics.jsonl has no step with selected turns (csd/turns_selected)",
                        unit="share")
-    value = sum(a for a, _ in rows) / den
-    return make_effect(value, bootstrap_ci(rows, _ratio_of_sums(0, 1)), target, value >= 0.3, unit="share",
-                       n=int(den), ci_unit="step", steps=len(rows))
+    ok = sum(a for a, _ in rows)
+    return make_effect(ok / den, proportion_ci(int(ok), int(den), rows), target, ok / den >= 0.3, unit="share",
+                       n=int(den), ci_unit="step (bootstrap) and turn (Wilson)", steps=len(rows))
 
 
 def rank_spread(agent_summary: Mapping[str, Any] | None) -> dict:
@@ -373,7 +386,7 @@ def rank_spread(agent_summary: Mapping[str, Any] | None) -> dict:
     stat = lambda rows: float(rows.mean(axis=0).max() - rows.mean(axis=0).min())  # noqa: E731
     value = max(mr.values()) - min(mr.values())
     return make_effect(value, bootstrap_ci(cols, stat), target, value > 0, unit="rank", n=len(cols),
-                       ci_unit="user x gym", mean_rank=mr)
+                       ci_unit="user × gym", mean_rank=mr)
 
 
 # ----------------------------------------------------------------------------- all together

@@ -1,4 +1,5 @@
-"""The comparison report (SPEC §4): paper Table 2 shape, simulator benchmarks, plots.
+"""The comparison report (SPEC §4): "Does it work?" first (the effects of :mod:`mimesis_lab.evals.effects`
+against their targets), then paper Table 2 shape, simulator benchmarks, plots.
 
 Pure functions from the ``sim_eval`` / ``agent_eval`` summaries (their JSON shapes are documented
 in :mod:`mimesis_lab.evals.sim_eval` and :mod:`mimesis_lab.evals.agent_eval`) to markdown, CSV
@@ -13,8 +14,9 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["fmt", "effects_markdown", "SYNTHETIC_NOTE", "table2_markdown", "per_gym_markdown", "sim_markdown", "training_curves", "curve_rows",
-           "per_gym_rows", "fi_rows", "write_csv", "write_plots", "headline", "report_markdown"]
+__all__ = ["fmt", "effects_markdown", "SYNTHETIC_NOTE", "table2_markdown", "per_gym_markdown", "sim_markdown",
+           "training_curves", "curve_rows", "per_gym_rows", "fi_rows", "write_csv", "write_plots", "headline",
+           "report_markdown"]
 
 FI_DIMS = ("persona", "style", "technical_competency", "information_flow", "pacing")
 SIM_COLUMNS = (("fi", "FI"), ("d1", "D1"), ("d2", "D2"), ("d3", "D3"), ("d4", "D4"), ("ece", "ECE"),
@@ -95,7 +97,7 @@ def effects_markdown(effects: Mapping[str, Mapping[str, Any]], identical: Mappin
                      f"| {ci_s} | {e.get('target')} | {e.get('n', '–')} | {_result(e)} |")
         why = [e[k] for k in ("missing_reason", "ci_note") if e.get(k)]
         if e.get("ci_unit") and ci:
-            why.append(f"CI over {e['ci_unit']}s")
+            why.append(f"CI unit: {e['ci_unit']}")
         if why:
             notes.append(f"- `{name}`: " + "; ".join(why) + ".")
     return "\n".join(lines + ([""] + notes if notes else []))
