@@ -8,8 +8,10 @@ Orchestration only (the work is in :mod:`mimesis_lab.evals`):
 - ``agent_eval``: agents × gyms × evaluation users; a parent run ``agent_eval`` with one child per
   agent (tagged likewise), per-cell scores, Mean and MR per user and overall, invalid counts;
   ``metrics/agent_eval.json``.
-- ``report``: the markdown comparison (paper Table 2 shape), plots (MLflow artifacts, and CSVs
-  for ``dvc plots``), ``metrics/report.json``, published as a Prefect artifact.
+- ``report``: the markdown comparison, opened by "Does it work?" (every phase's effect with a 95% CI
+  and pass/fail against its target, :mod:`mimesis_lab.evals.effects`), then paper Table 2 shape; plots
+  (MLflow artifacts, and CSVs for ``dvc plots``), ``metrics/report.json`` (headline numbers and
+  ``effects``), published as a Prefect artifact.
 
 Run: ``python -m flows.eval --phases sim_eval agent_eval report [--params params.yaml]`` (the DVC
 stages run one phase each).
@@ -219,6 +221,53 @@ def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+#: Where the training flow writes each phase's summary (``flows/train.py``: ``metrics/<phase>.json``).
+PHASE_METRICS = "metrics/{}.json"
+
+
+def _name_of(named: Mapping[str, Any], path: str | None, default: str) -> str | None:
+    """The key of ``named`` (``sim_eval.simulators`` / ``agent_eval.agents``) whose model path is ``path``."""
+    for name, v in named.items():
+        p = v if isinstance(v, str) else getattr(v, "model_path", None)
+        if path and p and Path(p) == Path(path):
+            return name
+    return default if default in named else None
+
+
+def _effects(params: Params) -> tuple[dict[str, Any], dict[str, str], dict[str, str | None]]:
+    """The "Does it work?" effects (:mod:`mimesis_lab.evals.effects`) from the outputs named in ``params``."""
+    from mimesis_lab.evals import effects as eff
+
+    final = {ph: str(Path(sec.output_dir) / "final") for ph in ("sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd")
+             if (sec := getattr(params, ph, None)) is not None}
+    sims = params.sim_eval.simulators if params.sim_eval else {}
+    base = next((n for n, s in sims.items() if s.kind == "base"), None)
+    agents = params.agent_eval.agents if params.agent_eval else {}
+    x, sha = eff.load_inputs(
+        midtrain=PHASE_METRICS.format("midtrain"), sft=PHASE_METRICS.format("sft"),
+        sim_rl_dir=params.sim_rl.output_dir if params.sim_rl else "models/sim_rl",
+        sim_eval_dir=params.sim_eval.output_dir if params.sim_eval else "eval/sim_eval",
+        agent_eval_dir=params.agent_eval.output_dir if params.agent_eval else "eval/agent_eval",
+        csd_metrics=Path(params.agent_csd.output_dir if params.agent_csd else "models/agent_csd") / "metrics.jsonl",
+        checkpoints=final, train_gyms=params.gyms.train_gyms,
+        sims={"trained": _name_of(sims, final.get("sim_rl"), "mimesis"), "sft": _name_of(sims, final.get("sft"), "sft"),
+              "base": base},
+        agents={ph: _name_of(agents, final.get(ph), d) for ph, d in
+                (("agent_sft", "base"), ("agent_grpo", "grpo"), ("agent_csd", "csd"))})
+    return eff.compute_effects(x), x.identical, sha
+
+
+def flat_effects(effects: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """``effects/<name>`` (value) and ``effects/<name>/passed`` (0/1) for MLflow (finite values only)."""
+    out: dict[str, float] = {}
+    for name, e in effects.items():
+        v = _num(e.get("value"))
+        if v is not None:
+            out[f"effects/{name}"] = v
+        out[f"effects/{name}/passed"] = float(bool(e.get("passed")))
+    return out
+
+
 @flow(name="report", log_prints=True)
 def report_flow(params_path: str = "params.yaml") -> str:
     """The comparison report: markdown (Table 2 shape), plots, DVC plot data, MLflow + Prefect artifacts."""
@@ -241,15 +290,17 @@ def report_flow(params_path: str = "params.yaml") -> str:
                   ["method", "user", "gym", "score", "status", "invalid"])
     rep.write_csv(plots_dir / "fi_dims.csv", rep.fi_rows(sim or {}), ["simulator", "dimension", "score"])
     head = rep.headline(sim, agent)
-    _write_json(cfg.metrics, head)
+    effects, identical, sha = _effects(params)
+    _write_json(cfg.metrics, {**head, "effects": effects, "identical_checkpoints": identical,
+                              "weights_sha256": sha})
     urls: dict[str, str] = {}
     if params.tracking.enabled:
         run = tracking.create_run(params.tracking, "report", tags={"mimesis.kind": "report",
                                                                    **tracking.provenance("report")})
         c, _ = tracking.client(params.tracking)
-        _log_metrics(c, run, head)
+        _log_metrics(c, run, {**head, **flat_effects(effects)})
         urls["report"] = tracking.run_url(params.tracking, run)
-    md = rep.report_markdown(sim, agent, curves, urls, [str(p) for p in plots])
+    md = rep.report_markdown(sim, agent, curves, urls, [str(p) for p in plots], effects, identical)
     out = Path(cfg.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)

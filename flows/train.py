@@ -110,19 +110,25 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     final = Path(cfg.output_dir) / "final"
     summary = json.loads((final / "training_summary.json").read_text())
     summary = {"phase": phase, "world_size": ws, **summary}
-    if phase == "sft":  # does the simulator think before it speaks? (greedy, validation prompts)
-        from mimesis_lab.evals.think_format import evaluate_folder
+    if phase == "sft":  # does the simulator think before it speaks? (validation prompts: greedy, and sampled
+        from mimesis_lab.evals.think_format import evaluate_folder   # as simulator RL samples)
 
-        fmt = evaluate_folder(final, cfg.val)
-        summary.update({f"format_{k}": v for k, v in fmt.items() if k != "examples"})
+        fmt = evaluate_folder(final, cfg.val, params.sim_rl.rollout if params.sim_rl else None, seed=cfg.seed)
+        summary.update({f"format_{k}": v for k, v in fmt.items() if k not in ("examples", "sampled")})
         summary["format_examples"] = fmt["examples"]
+        summary.update({f"format_sampled_{k}": v for k, v in (fmt.get("sampled") or {}).items()})
+    if phase == "midtrain":  # below the add-one unigram of the same targets? (the report's midtrain_vs_unigram)
+        from mimesis_lab.evals.loss_baseline import unigram_baseline
+
+        summary["unigram"] = unigram_baseline(final, cfg)
+        summary["unigram_val_loss"] = summary["unigram"]["val_loss"]
     version = None
     url = ""
     if run_id:
         c, _ = tracking.client(params.tracking)
         c.log_artifacts(run_id, str(final), "model")
         for k, v in summary.items():
-            if (k.startswith(("format_", "first_", "last_")) or k.endswith("_total")) \
+            if (k.startswith(("format_", "first_", "last_", "unigram_")) or k.endswith("_total")) \
                     and isinstance(v, (int, float)) and not isinstance(v, bool):
                 c.log_metric(run_id, k, float(v))
         rollouts = Path(cfg.output_dir) / "rollouts.jsonl"

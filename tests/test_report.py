@@ -110,6 +110,72 @@ def test_plots_and_csvs_written(tmp_path):
     assert f.read_text().splitlines()[0] == "method,user,gym,score,status"
 
 
+EFFECTS = {
+    "midtrain_loss_ratio": {"value": 0.6, "ci": None, "target": "<= 0.7 and final < unigram", "passed": True,
+                            "missing_reason": None, "n": 7, "phase": "midtrain", "ci_note": "no per-example losses"},
+    "sim_eval_vs_sft": {"value": 0.15, "ci": [0.1, 0.2], "target": "> 0", "passed": False, "n": 2, "phase": "sim_eval",
+                        "identical_to": "sft", "ci_unit": "task",
+                        "missing_reason": "the simulator 'mimesis' has the same final weights as sft (sha256)"},
+    "csd_coach_note_rate": {"value": 0.1, "ci": [0.05, 0.2], "target": ">= 0.3", "passed": False, "n": 40,
+                            "phase": "agent_csd", "missing_reason": None, "ci_unit": "step"},
+    "rank_spread": {"value": None, "ci": None, "target": "> 0", "passed": False, "n": 0, "phase": "agent_eval",
+                    "missing_reason": "eval/agent_eval/summary.json has fewer than 2 methods with an overall MR"},
+}
+
+
+def test_does_it_work_section_rows_and_flags():
+    md = rep.effects_markdown(EFFECTS, {"sim_rl": "sft"})
+    lines = md.splitlines()
+    assert lines[0] == "## Does it work?" and "synthetic" in md and "not the paper's effect sizes" in md
+    assert "the final weights of `sim_rl` equal those of `sft`" in md
+    assert "1 of 4 targets met, 1 missing" in md
+    row = {ln.split("`")[1]: ln for ln in lines if ln.startswith("| ") and "`" in ln}
+    assert row["midtrain_loss_ratio"].endswith("| <= 0.7 and final < unigram | 7 | PASS |")
+    assert "| 0.150 | [0.100, 0.200] |" in row["sim_eval_vs_sft"]
+    assert "FAIL** (identical weights)" in row["sim_eval_vs_sft"]
+    assert row["csd_coach_note_rate"].endswith("| >= 0.3 | 40 | **FAIL** |")
+    assert row["rank_spread"].endswith("| – | – | > 0 | 0 | **MISSING** |")
+    assert "- `rank_spread`: eval/agent_eval/summary.json has fewer than 2 methods" in md
+    assert "- `csd_coach_note_rate`: CI unit: step." in md
+
+
+def test_report_opens_with_does_it_work():
+    md = rep.report_markdown(SIM, AGENT, {}, {"report": "http://x"}, effects=EFFECTS, identical={})
+    heads = [ln for ln in md.splitlines() if ln.startswith("## ")]
+    assert heads[0] == "## Does it work?" and heads[1].startswith("## Agents across evaluation users")
+    assert "Identical checkpoints" not in md
+    assert "Does it work?" not in rep.report_markdown(SIM, AGENT, {})      # no effects given: no section
+
+
+def test_report_effects_from_params_have_the_exact_shape(tmp_path, monkeypatch):
+    """flows.eval._effects on a project whose outputs are absent except two identical simulator checkpoints: every
+    effect present with {value, ci, target, passed}, the missing ones with a reason, the identical pair flagged."""
+    from flows.eval import _effects, flat_effects
+    from mimesis_lab.config import load_params
+    from mimesis_lab.evals.effects import PHASE_OF
+
+    monkeypatch.chdir(tmp_path)
+    for d in ("models/sft/final", "models/sim_rl/final"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "midtrain.json").write_text(json.dumps({"initial_val_loss": 8.0, "final_val_loss": 7.2,
+                                                                    "unigram_val_loss": 7.0}))
+    effects, identical, sha = _effects(load_params(str(ROOT / "params.yaml")))
+    assert list(effects) == list(PHASE_OF) and identical == {"sim_rl": "sft"} and sha["agent_csd"] is None
+    for e in effects.values():
+        assert {"value", "ci", "target", "passed"} <= set(e) and isinstance(e["passed"], bool)
+        assert e["value"] is not None or e["missing_reason"]
+    ratio, uni = effects["midtrain_loss_ratio"], effects["midtrain_vs_unigram"]
+    assert ratio["value"] == pytest.approx(0.9) and not ratio["passed"]           # 7.2 / 8 > 0.7
+    assert uni["value"] == pytest.approx(0.2) and uni["ci"] is None and not uni["passed"]   # 7.2 - 7.0
+    assert effects["sim_rl_reward_gain"]["identical_to"] == "sft"
+    flat = flat_effects(effects)
+    assert flat["effects/midtrain_loss_ratio"] == pytest.approx(0.9)
+    assert flat["effects/midtrain_loss_ratio/passed"] == 0.0
+    assert "effects/rank_spread" not in flat and flat["effects/rank_spread/passed"] == 0.0
+
+
 @pytest.mark.slow
 def test_report_flow_runs_under_prefect(tmp_path):
     """The real `report` Prefect flow on saved summaries (tracking off): markdown, plots, metrics."""
@@ -136,6 +202,9 @@ def test_report_flow_runs_under_prefect(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     md = (tmp_path / "r" / "report.md").read_text()
     assert "Table 2 shape" in md and "invalid (2/2)" in md and "![per_gym](plots/per_gym.png)" in md
+    assert md.split("\n## ")[1].startswith("Does it work?") and "**MISSING**" in md
     head = json.loads((tmp_path / "r" / "report.json").read_text())
     assert head["agent.csd.mean_rank"] == 1.17
+    assert head["effects"]["rank_spread"]["value"] == pytest.approx(1.83 - 1.17)
+    assert all({"value", "ci", "target", "passed"} <= set(e) for e in head["effects"].values())
     assert (tmp_path / "r" / "plots" / "reward_curves.csv").read_text().count("\n") == 3

@@ -1,0 +1,498 @@
+"""The "Does it work?" check: the measured effect of every phase, with a 95% CI and pass/fail against its target.
+
+Pure functions over already-loaded outputs (the ``report`` flow reads the files, :func:`load_inputs`);
+each effect is a small function whose docstring states its target, and returns one entry of
+``metrics/report.json``'s ``effects``::
+
+    {"value": float | None, "ci": [lo, hi] | None, "target": str, "passed": bool, "n": int, "unit": str,
+     "missing_reason": str | None, ...}
+
+Rules, the same for every effect:
+
+- **CIs** are percentile bootstrap intervals (:func:`bootstrap_ci`, seeded numpy RNG, deterministic), resampling
+  the unit named in the entry's ``ci_unit`` (tasks, task × user pairs, conversations, prompts, rollouts, steps).
+  With fewer than 2 units there is no honest CI: ``ci`` is ``None`` and ``ci_note`` says why.
+- **Targets** written ``>= x`` / ``<= x`` / ``> 0`` are checked on the point value; ``CI excludes 0`` means the
+  lower bound is above 0.
+- **Missing inputs** give an entry with ``value: None``, ``passed: False`` and ``missing_reason`` — shown, never
+  dropped.
+- **Identical checkpoints** (same weights by content) are never silently compared: the comparison keeps its
+  numbers but gets ``passed: False``, ``identical_to`` and a ``missing_reason`` saying so.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
+           "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
+           "sim_rl_format_failure_end", "sim_eval_vs", "proportion_ci", "agent_vs", "user_matters",
+           "csd_coach_note_rate",
+           "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
+           "PHASE_OF"]
+
+N_BOOT = 2000
+SEED = 0
+Stat = Callable[[np.ndarray], float]
+
+#: The phase each effect measures (the report's first column), in report order.
+PHASE_OF = {
+    "midtrain_loss_ratio": "midtrain", "midtrain_vs_unigram": "midtrain", "sft_format_rate": "sft",
+    "sim_rl_reward_gain": "sim_rl", "sim_rl_format_failure_end": "sim_rl",
+    "sim_eval_vs_sft": "sim_eval", "sim_eval_vs_sft_fi": "sim_eval", "sim_eval_vs_base": "sim_eval",
+    "sim_eval_vs_base_fi": "sim_eval", "grpo_vs_warm_start_train": "agent_grpo",
+    "grpo_vs_warm_start_heldout": "agent_grpo", "user_matters": "agent_eval", "csd_coach_note_rate": "agent_csd",
+    "csd_vs_grpo": "agent_csd", "rank_spread": "agent_eval",
+}
+
+
+# ----------------------------------------------------------------------------- statistics
+def bootstrap_ci(units: Sequence[Any], stat: Stat = np.mean, *, n_boot: int = N_BOOT, alpha: float = 0.05,
+                 seed: int = SEED) -> list[float] | None:
+    """Percentile bootstrap CI ``[lo, hi]`` of ``stat`` over ``units`` (rows resampled with replacement).
+
+    ``units`` is a sequence of numbers or of equal-length tuples (a 2-D array: ``stat`` gets the resampled
+    rows, e.g. a ratio of column sums). ``None`` with fewer than 2 units. Deterministic for a given ``seed``.
+    Worked example: ``[0, 0, 0, 1]`` -> replicate means lie in {0, .25, .5, .75, 1} with probabilities
+    .316/.422/.211/.047/.004, so the 2.5% and 97.5% quantiles are 0 and 0.75.
+    """
+    arr = np.asarray(units, dtype=float)
+    if arr.shape[0] < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, arr.shape[0], size=(n_boot, arr.shape[0]))
+    reps = np.array([stat(arr[i]) for i in idx], dtype=float)
+    reps = reps[np.isfinite(reps)]
+    if reps.size == 0:
+        return None
+    lo, hi = np.quantile(reps, [alpha / 2, 1 - alpha / 2])
+    return [float(lo), float(hi)]
+
+
+def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> list[float] | None:
+    """Wilson score interval of a proportion ``k / n`` (``None`` when ``n == 0``)."""
+    if n <= 0:
+        return None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [max(0.0, mid - half), min(1.0, mid + half)]
+
+
+def paired_differences(a: Mapping[Hashable, float], b: Mapping[Hashable, float]) -> tuple[list[float], int]:
+    """``(a[k] - b[k] for the keys both have, in sorted key order; number of keys only one side has)``."""
+    common = sorted(set(a) & set(b), key=str)
+    return [float(a[k]) - float(b[k]) for k in common], len(set(a) ^ set(b))
+
+
+def proportion_ci(k: int, n: int, clusters: Sequence[tuple[float, float]] = ()) -> list[float] | None:
+    """CI of a share ``k / n`` whose trials come in ``clusters`` (``(successes, trials)`` each): the hull of the
+    cluster bootstrap (it keeps the correlation within a cluster) and the Wilson interval (which, unlike the
+    bootstrap, does not collapse to a point when every trial failed or succeeded). E.g. 0 of 64 in 11 prompts:
+    the bootstrap gives [0, 0], Wilson [0, 0.057]: the CI is [0, 0.057]."""
+    w = wilson_ci(k, n)
+    b = bootstrap_ci(clusters, _ratio_of_sums(0, 1)) if len(clusters) >= 2 else None
+    if w is None or b is None:
+        return w or b
+    return [min(w[0], b[0]), max(w[1], b[1])]
+
+
+def _ratio_of_sums(num: int, den: int) -> Stat:
+    return lambda rows: float(rows[:, num].sum() / rows[:, den].sum()) if rows[:, den].sum() else float("nan")
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+# ----------------------------------------------------------------------------- entries
+def make_effect(value: float | None, ci: list[float] | None, target: str, passed: bool, **extra: Any) -> dict:
+    """One ``effects`` entry (see the module docstring)."""
+    out = {"value": None if value is None else float(value), "ci": ci, "target": target, "passed": bool(passed),
+           "missing_reason": None}
+    out.update(extra)
+    return out
+
+
+def missing(target: str, reason: str, **extra: Any) -> dict:
+    """An effect whose inputs are absent: shown as missing, never dropped."""
+    return make_effect(None, None, target, False, missing_reason=reason, n=0, **extra)
+
+
+def _flag_identical(e: dict, same_as: str | None, what: str) -> dict:
+    """``what``'s final weights equal phase ``same_as``'s: keep the numbers, fail the effect, say why."""
+    if same_as:
+        e.update(passed=False, identical_to=same_as,
+                 missing_reason=f"{what} has the same final weights as {same_as} (sha256): not a comparison")
+    return e
+
+
+# ----------------------------------------------------------------------------- Stage I
+def midtrain_loss_ratio(summary: Mapping[str, Any] | None) -> dict:
+    """Final / initial validation loss of user-side mid-training. Target: <= 0.7, and the final loss below the
+    add-one unigram of the train split (``midtrain_vs_unigram`` < 0). No CI: per-example losses of the initial
+    model are not recorded."""
+    target = "<= 0.7 and final < unigram"
+    if not summary or not summary.get("initial_val_loss") or summary.get("final_val_loss") is None:
+        return missing(target, "metrics/midtrain.json lacks initial_val_loss/final_val_loss", unit="ratio")
+    ratio = float(summary["final_val_loss"]) / float(summary["initial_val_loss"])
+    uni = summary.get("unigram_val_loss")
+    below = uni is not None and float(summary["final_val_loss"]) < float(uni)
+    return make_effect(ratio, None, target, ratio <= 0.7 and below, unit="ratio",
+                       n=(summary.get("val") or {}).get("examples_out", 0),
+                       initial=summary["initial_val_loss"], final=summary["final_val_loss"], unigram=uni,
+                       ci_note="per-example losses of the initial model are not recorded")
+
+
+def midtrain_vs_unigram(summary: Mapping[str, Any] | None) -> dict:
+    """Final val loss - loss of an add-one unigram fitted on the train split's target tokens (same tokenizer,
+    same loss mask), on the val split's target tokens. Target: < 0. CI: bootstrap over val conversations
+    (ratio of summed NLLs) when the per-example losses are recorded."""
+    target = "< 0"
+    u = (summary or {}).get("unigram") or {}
+    per = u.get("per_example") or []
+    if per:
+        rows = np.asarray(per, dtype=float)          # [model_nll_sum, unigram_nll_sum, n_targets]
+        stat = lambda r: float((r[:, 0].sum() - r[:, 1].sum()) / r[:, 2].sum())  # noqa: E731
+        value = stat(rows)
+        return make_effect(value, bootstrap_ci(rows, stat), target, value < 0, unit="nats/token", n=len(per),
+                           ci_unit="val conversation", model_loss=float(rows[:, 0].sum() / rows[:, 2].sum()),
+                           unigram_loss=float(rows[:, 1].sum() / rows[:, 2].sum()))
+    if summary and summary.get("unigram_val_loss") is not None and summary.get("final_val_loss") is not None:
+        value = float(summary["final_val_loss"]) - float(summary["unigram_val_loss"])
+        return make_effect(value, None, target, value < 0, unit="nats/token", n=0,
+                           ci_note="per-example val losses not recorded")
+    return missing(target, "metrics/midtrain.json has no unigram baseline (unigram_val_loss)", unit="nats/token")
+
+
+def sft_format_rate(summary: Mapping[str, Any] | None) -> dict:
+    """Share of sampled replies (``params.sim_rl.rollout`` temperature/top_p/max_new_tokens, fixed seed, validation
+    prompts) that are well-formed ``<think>…</think>utterance`` (``parse_reply``). Target: >= 0.9. CI: bootstrap
+    over prompts and Wilson over samples (:func:`proportion_ci`)."""
+    target = ">= 0.9 (sampled)"
+    s = summary or {}
+    greedy = s.get("format_think_open_close_rate")
+    if s.get("format_sampled_samples"):
+        k, n = int(s["format_sampled_well_formed"]), int(s["format_sampled_samples"])
+        per = s.get("format_sampled_per_prompt") or []
+        return make_effect(k / n, proportion_ci(k, n, per), target, k / n >= 0.9, unit="share", n=n,
+                           ci_unit="prompt (bootstrap) and sample (Wilson)" if len(per) >= 2 else "sample (Wilson)",
+                           greedy_rate=greedy, prompts=len(per), errors=s.get("format_sampled_error_counts"))
+    return missing(target, "metrics/sft.json has no sampled format measurement (format_sampled_*)", unit="share",
+                   greedy_rate=greedy)
+
+
+def _windows(steps: Sequence[int], frac: float = 1 / 3) -> tuple[set[int], set[int]]:
+    s = sorted(set(steps))
+    k = max(1, int(len(s) * frac))
+    return set(s[:k]), set(s[-k:])
+
+
+def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequence[Mapping[str, Any]] | None,
+                       task: str = "usersim_behavior") -> dict:
+    """Behaviour reward (the judged raw score of the behaviour task's valid rollouts), mean of the last third of
+    the steps - mean of the first third. Target: >= 0.1 and CI excludes 0. CI: bootstrap over the rollouts of the
+    two windows (each resampled on its own). Without ``rollouts.jsonl``: the per-step ``reward/task/<task>``
+    means of ``metrics.jsonl``, no CI."""
+    target = ">= 0.1, CI excludes 0"
+    vals = [r for r in rollouts or [] if r.get("data_source") == task and r.get("invalid") is None
+            and isinstance(r.get("raw"), (int, float))]
+    if vals:
+        first, last = _windows([int(r["step"]) for r in vals])
+        a = [float(r["raw"]) for r in vals if int(r["step"]) in first]
+        b = [float(r["raw"]) for r in vals if int(r["step"]) in last]
+        value = sum(b) / len(b) - sum(a) / len(a)
+        rng = np.random.default_rng(SEED)
+        ci = None
+        if len(a) >= 2 and len(b) >= 2:
+            reps = [rng.choice(b, len(b)).mean() - rng.choice(a, len(a)).mean() for _ in range(N_BOOT)]
+            ci = [float(x) for x in np.quantile(reps, [0.025, 0.975])]
+        return make_effect(value, ci, target, value >= 0.1 and ci is not None and ci[0] > 0, unit="reward",
+                           n=len(a) + len(b), ci_unit="rollout", first=sum(a) / len(a), last=sum(b) / len(b),
+                           first_steps=sorted(first), last_steps=sorted(last), reward="raw judged score")
+    pts = [(int(r["step"]), (r.get("metrics") or {}).get(f"reward/task/{task}")) for r in steps or []
+           if r.get("kind") == "train"]
+    pts = [(s, float(v)) for s, v in pts if isinstance(v, (int, float)) and math.isfinite(v)]
+    if pts:
+        first, last = _windows([s for s, _ in pts])
+        a, b = _mean([v for s, v in pts if s in first]), _mean([v for s, v in pts if s in last])
+        return make_effect(b - a, None, target, False, unit="reward", n=len(pts), ci_note="no rollouts.jsonl: no CI",
+                           first=a, last=b)
+    return missing(target, f"no {task} rollouts in models/sim_rl (rollouts.jsonl / metrics.jsonl)", unit="reward")
+
+
+def sim_rl_format_failure_end(steps: Sequence[Mapping[str, Any]] | None,
+                              rollouts: Sequence[Mapping[str, Any]] | None) -> dict:
+    """Share of valid rollouts (all tasks) with a format failure in the last third of the simulator-RL steps.
+    Target: <= 0.2. CI: Wilson over those rollouts."""
+    target = "<= 0.2"
+    vals = [r for r in rollouts or [] if r.get("invalid") is None]
+    if vals:
+        _, last = _windows([int(r["step"]) for r in vals])
+        w = [r for r in vals if int(r["step"]) in last]
+        k = sum(1 for r in w if (r.get("format_failures") or 0) > 0)
+        return make_effect(k / len(w), wilson_ci(k, len(w)), target, k / len(w) <= 0.2, unit="share", n=len(w),
+                           ci_unit="rollout", last_steps=sorted(last))
+    pts = [(int(r["step"]), (r.get("metrics") or {}).get("format_failure_rate")) for r in steps or []
+           if r.get("kind") == "train"]
+    pts = [(s, float(v)) for s, v in pts if isinstance(v, (int, float))]
+    if pts:
+        _, last = _windows([s for s, _ in pts])
+        v = _mean([x for s, x in pts if s in last])
+        return make_effect(v, None, target, v <= 0.2, unit="share", n=len(last), ci_note="no rollouts.jsonl: no CI")
+    return missing(target, "no simulator-RL rollouts or metrics (models/sim_rl)", unit="share")
+
+
+# ----------------------------------------------------------------------------- simulator evaluation
+def _behavior_by_task(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    by: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("type") == "rollout" and r.get("kind") == "behavior" and not r.get("excluded") \
+                and isinstance(r.get("raw"), (int, float)):
+            by.setdefault(str(r["task_id"]), []).append(float(r["raw"]))
+    return {k: sum(v) / len(v) for k, v in by.items()}
+
+
+def _fi_by_conversation(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    return {str(r["conversation_id"]): 100.0 * sum(int(bool(m)) for m in r["matches"].values()) / len(r["matches"])
+            for r in records if r.get("type") == "fidelity_judgement" and r.get("matches")}
+
+
+def sim_eval_vs(records: Mapping[str, Sequence[Mapping[str, Any]]] | None, sim: str, other: str, metric: str,
+                same_as: str | None = None) -> dict:
+    """The trained simulator ``sim`` minus the baseline ``other`` on ``metric`` (``behavior``: mean judged
+    behaviour reward per held-out ABCD task, seeds averaged; ``fi``: FI per held-out conversation), paired over
+    tasks / conversations (``eval/sim_eval/<sim>/records.jsonl``). Target: > 0. CI: bootstrap over the pairs."""
+    target = "> 0"
+    unit = "reward" if metric == "behavior" else "FI points"
+    if not records or sim not in records or other not in records:
+        return missing(target, f"eval/sim_eval has no records for {sim!r} and {other!r}", unit=unit)
+    by = _behavior_by_task if metric == "behavior" else _fi_by_conversation
+    d, unpaired = paired_differences(by(records[sim]), by(records[other]))
+    if not d:
+        return missing(target, f"no {metric} scores that pair {sim!r} with {other!r}", unit=unit)
+    value = sum(d) / len(d)
+    e = make_effect(value, bootstrap_ci(d), target, value > 0, unit=unit, n=len(d), unpaired=unpaired,
+                    ci_unit="task" if metric == "behavior" else "conversation")
+    return _flag_identical(e, same_as, f"the simulator {sim!r}")
+
+
+# ----------------------------------------------------------------------------- agents
+def _agent_scores(rollouts: Sequence[Mapping[str, Any]], agent: str, gyms: set[str] | None = None
+                  ) -> dict[tuple, float]:
+    """``{(user, gym, task_id, attempt): total_reward}`` of ``agent``'s scored rollouts (invalid ones left out,
+    :func:`~mimesis_lab.evals.agent_eval.classify`)."""
+    from mimesis_lab.evals.agent_eval import classify
+
+    return {(r["user"], r["gym"], str(r["task_id"]), int(r.get("attempt") or 0)): float(r.get("total_reward") or 0.0)
+            for r in rollouts if r.get("agent") == agent and (gyms is None or r.get("gym") in gyms)
+            and classify(dict(r)) != "invalid"}
+
+
+def agent_vs(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None, other: str | None,
+             gyms: Sequence[str] | None, target: str = "> 0, CI excludes 0", need_ci: bool = True,
+             same_as: str | None = None) -> dict:
+    """``agent`` - ``other`` episode reward, paired over (evaluation user, gym, task, attempt) on ``gyms``
+    (``eval/agent_eval/rollouts.jsonl``). GRPO vs warm start: target > 0 with the CI excluding 0, on the
+    training and the held-out gyms separately; CSD vs GRPO: target >= 0 (point value). CI: bootstrap over the
+    task × user pairs."""
+    if not rollouts or not agent or not other:
+        return missing(target, "eval/agent_eval/rollouts.jsonl or the agent names are missing", unit="reward")
+    gs = set(gyms) if gyms is not None else None
+    d, unpaired = paired_differences(_agent_scores(rollouts, agent, gs), _agent_scores(rollouts, other, gs))
+    if not d:
+        return missing(target, f"no valid rollouts pair {agent!r} with {other!r} on gyms {sorted(gs or [])}",
+                       unit="reward")
+    value = sum(d) / len(d)
+    ci = bootstrap_ci(d)
+    passed = value > 0 and ci is not None and ci[0] > 0 if need_ci else value >= 0
+    e = make_effect(value, ci, target, passed, unit="reward", n=len(d), unpaired=unpaired, ci_unit="task × user",
+                    gyms=sorted(gs) if gs else None)
+    return _flag_identical(e, same_as, f"the agent {agent!r}")
+
+
+def user_matters(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None) -> dict:
+    """Does the evaluation user change the outcome? For ``agent``, the per-user mean rewards; value = the mean
+    paired difference between the highest- and the lowest-scoring user over the tasks both have (the spread).
+    Target: > 0 with the CI excluding 0 (at least two users give different scores). CI: bootstrap over tasks."""
+    target = "> 0, CI excludes 0"
+    if not rollouts or not agent:
+        return missing(target, "eval/agent_eval/rollouts.jsonl is missing", unit="reward")
+    by_user: dict[str, dict[tuple, float]] = {}
+    for (u, g, t, k), v in _agent_scores(rollouts, agent).items():
+        by_user.setdefault(u, {})[(g, t, k)] = v
+    if len(by_user) < 2:
+        return missing(target, f"agent {agent!r} has valid rollouts with fewer than 2 evaluation users",
+                       unit="reward", users=sorted(by_user))
+    means = {u: sum(v.values()) / len(v) for u, v in by_user.items()}
+    hi, lo = max(means, key=lambda u: (means[u], u)), min(means, key=lambda u: (means[u], u))
+    if hi == lo:
+        lo = sorted(u for u in means if u != hi)[0]
+    d, _ = paired_differences(by_user[hi], by_user[lo])
+    if not d:
+        return missing(target, f"users {hi!r} and {lo!r} share no task", unit="reward")
+    value = sum(d) / len(d)
+    ci = bootstrap_ci(d)
+    return make_effect(value, ci, target, value > 0 and ci is not None and ci[0] > 0, unit="reward", n=len(d),
+                       ci_unit="task", agent=agent, users=means, pair=[hi, lo])
+
+
+def csd_coach_note_rate(steps: Sequence[Mapping[str, Any]] | None) -> dict:
+    """Share of the turns CSD selected for coaching where the coach wrote a note: sum ``csd/coach_ok`` / sum
+    ``csd/turns_selected`` over the training steps (``models/agent_csd/metrics.jsonl``). Target: >= 0.3. CI:
+    bootstrap over steps (ratio of sums) and Wilson over turns (:func:`proportion_ci`)."""
+    target = ">= 0.3"
+    rows = [((r.get("metrics") or {}).get("csd/coach_ok"), (r.get("metrics") or {}).get("csd/turns_selected"))
+            for r in steps or [] if r.get("kind") == "train"]
+    rows = [(float(a), float(b)) for a, b in rows if isinstance(a, (int, float)) and isinstance(b, (int, float))]
+    den = sum(b for _, b in rows)
+    if not den:
+        return missing(target, "models/agent_csd/metrics.jsonl has no step with selected turns (csd/turns_selected)",
+                       unit="share")
+    ok = sum(a for a, _ in rows)
+    return make_effect(ok / den, proportion_ci(int(ok), int(den), rows), target, ok / den >= 0.3, unit="share",
+                       n=int(den), ci_unit="step (bootstrap) and turn (Wilson)", steps=len(rows))
+
+
+def rank_spread(agent_summary: Mapping[str, Any] | None) -> dict:
+    """Max - min overall Mean Rank over the methods (``eval/agent_eval/summary.json``): do the methods differ at
+    all? Target: > 0. CI: bootstrap over the (user, gym) columns the MR averages (gyms with an invalid cell left
+    out, as in the summary), ranks recomputed per column."""
+    from mimesis_lab.evals.metrics import mean_and_rank_report
+
+    target = "> 0"
+    mr = ((agent_summary or {}).get("overall") or {}).get("mean_rank") or {}
+    mr = {m: float(v) for m, v in mr.items() if isinstance(v, (int, float))}
+    if len(mr) < 2:
+        return missing(target, "eval/agent_eval/summary.json has fewer than 2 methods with an overall MR",
+                       unit="rank")
+    cells = agent_summary.get("cells") or {}
+    methods = sorted(mr)
+    table = {m: {f"{u}/{g}": (c or {}).get("score") for u, by_gym in (cells.get(m) or {}).items()
+                 for g, c in by_gym.items()} for m in methods}
+    cols: list[list[float]] = []
+    try:
+        rep = mean_and_rank_report(table)
+        cols = [[rep.ranks[m][e] for m in methods] for e in rep.environments]
+    except ValueError:       # cells absent or every column invalid: the summary's MR still stands, no CI
+        pass
+    stat = lambda rows: float(rows.mean(axis=0).max() - rows.mean(axis=0).min())  # noqa: E731
+    value = max(mr.values()) - min(mr.values())
+    return make_effect(value, bootstrap_ci(cols, stat), target, value > 0, unit="rank", n=len(cols),
+                       ci_unit="user × gym", mean_rank=mr)
+
+
+# ----------------------------------------------------------------------------- all together
+@dataclass
+class EffectInputs:
+    """Everything the effects read, already loaded (``None`` = absent). Agent / simulator names are those of
+    ``agent_eval.agents`` / ``sim_eval.simulators``; ``identical`` maps a phase to the phase whose final weights it
+    equals (``{"sim_rl": "sft"}``)."""
+
+    midtrain: dict | None = None
+    sft: dict | None = None
+    sim_rl_steps: list | None = None
+    sim_rl_rollouts: list | None = None
+    sim_records: dict | None = None
+    agent_summary: dict | None = None
+    agent_rollouts: list | None = None
+    csd_steps: list | None = None
+    sims: dict = field(default_factory=lambda: {"trained": "mimesis", "sft": "sft", "base": "base"})
+    agents: dict = field(default_factory=lambda: {"agent_sft": "base", "agent_grpo": "grpo", "agent_csd": "csd"})
+    train_gyms: list | None = None
+    identical: dict = field(default_factory=dict)
+
+
+def compute_effects(x: EffectInputs) -> dict[str, dict]:
+    """Every effect of :data:`PHASE_OF`, in that order (each with its ``phase``)."""
+    same = x.identical
+    warm, grpo, csd = (x.agents.get(k) for k in ("agent_sft", "agent_grpo", "agent_csd"))
+    gyms_all = sorted({r["gym"] for r in x.agent_rollouts or []})
+    train = [g for g in gyms_all if x.train_gyms is None or g in x.train_gyms]
+    held = [g for g in gyms_all if x.train_gyms is not None and g not in x.train_gyms]
+    t, s, b = x.sims.get("trained"), x.sims.get("sft"), x.sims.get("base")
+    out = {
+        "midtrain_loss_ratio": midtrain_loss_ratio(x.midtrain),
+        "midtrain_vs_unigram": midtrain_vs_unigram(x.midtrain),
+        "sft_format_rate": sft_format_rate(x.sft),
+        "sim_rl_reward_gain": _flag_identical(sim_rl_reward_gain(x.sim_rl_steps, x.sim_rl_rollouts),
+                                              same.get("sim_rl"), "sim_rl"),
+        "sim_rl_format_failure_end": sim_rl_format_failure_end(x.sim_rl_steps, x.sim_rl_rollouts),
+        "sim_eval_vs_sft": sim_eval_vs(x.sim_records, t, s, "behavior", same.get("sim_rl")),
+        "sim_eval_vs_sft_fi": sim_eval_vs(x.sim_records, t, s, "fi", same.get("sim_rl")),
+        "sim_eval_vs_base": sim_eval_vs(x.sim_records, t, b, "behavior"),
+        "sim_eval_vs_base_fi": sim_eval_vs(x.sim_records, t, b, "fi"),
+        "grpo_vs_warm_start_train": agent_vs(x.agent_rollouts, grpo, warm, train, same_as=same.get("agent_grpo")),
+        "grpo_vs_warm_start_heldout": (agent_vs(x.agent_rollouts, grpo, warm, held, same_as=same.get("agent_grpo"))
+                                       if held or not x.agent_rollouts else
+                                       missing("> 0, CI excludes 0", "no held-out gym was evaluated", unit="reward")),
+        "user_matters": user_matters(x.agent_rollouts, grpo),
+        "csd_coach_note_rate": csd_coach_note_rate(x.csd_steps),
+        "csd_vs_grpo": agent_vs(x.agent_rollouts, csd, grpo, None, target=">= 0", need_ci=False,
+                                same_as=same.get("agent_csd")),
+        "rank_spread": rank_spread(x.agent_summary),
+    }
+    for k, e in out.items():
+        e["phase"] = PHASE_OF[k]
+    return out
+
+
+# ----------------------------------------------------------------------------- reading (the flow's side)
+def weights_sha256(folder: str | Path) -> str | None:
+    """sha256 over the weight files (``*.safetensors`` / ``*.bin``, by name and content) of a checkpoint
+    folder; ``None`` when there are none. Equal hashes = identical weights."""
+    p = Path(folder)
+    files = sorted(f for f in p.glob("*") if f.is_file() and f.suffix in (".safetensors", ".bin")) if p.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def read_jsonl(path: str | Path) -> list[dict] | None:
+    """The records of a JSON-lines file, or ``None`` when it does not exist."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def load_inputs(*, midtrain: str | Path, sft: str | Path, sim_rl_dir: str | Path, sim_eval_dir: str | Path,
+                agent_eval_dir: str | Path, csd_metrics: str | Path, checkpoints: Mapping[str, str | Path],
+                sims: Mapping[str, str], agents: Mapping[str, str], train_gyms: Sequence[str] | None,
+                pairs: Sequence[tuple[str, str]] = (("sim_rl", "sft"), ("agent_grpo", "agent_sft"),
+                                                    ("agent_csd", "agent_grpo"))) -> tuple[EffectInputs, dict]:
+    """Read every input of :func:`compute_effects`; returns it and ``{phase: weights sha256 | None}``.
+
+    ``checkpoints`` maps phases to their final folders; a pair of ``pairs`` whose hashes are equal (and known) is
+    recorded in ``EffectInputs.identical``."""
+    sim_dir = Path(sim_eval_dir)
+    recs = {n: read_jsonl(sim_dir / n / "records.jsonl") for n in sims.values() if n}
+    sha = {ph: weights_sha256(p) for ph, p in checkpoints.items()}
+    identical = {a: b for a, b in pairs if sha.get(a) and sha.get(a) == sha.get(b)}
+    x = EffectInputs(
+        midtrain=_json(Path(midtrain)), sft=_json(Path(sft)),
+        sim_rl_steps=read_jsonl(Path(sim_rl_dir) / "metrics.jsonl"),
+        sim_rl_rollouts=read_jsonl(Path(sim_rl_dir) / "rollouts.jsonl"),
+        sim_records={k: v for k, v in recs.items() if v is not None} or None,
+        agent_summary=_json(Path(agent_eval_dir) / "summary.json"),
+        agent_rollouts=read_jsonl(Path(agent_eval_dir) / "rollouts.jsonl"),
+        csd_steps=read_jsonl(csd_metrics), sims=dict(sims), agents=dict(agents),
+        train_gyms=list(train_gyms) if train_gyms is not None else None, identical=identical)
+    return x, sha
