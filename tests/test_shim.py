@@ -383,6 +383,8 @@ def test_endpoint_user_round_trip_through_shim(model_server, client):
             else:
                 assert rep.text == utterance and "<think>" not in rep.text
         assert user.privileged() == [reasoning, reasoning]          # one entry per turn, "" included
+        with pytest.raises(httpx.HTTPStatusError, match="401"):     # the gym's user client has no token
+            EndpointUser(shim.url, "tiny", episode="run1:ep-0").privileged()
         user.finish()
         user.close()
         # failures are replies: an upstream timeout says "timeout"
