@@ -33,6 +33,7 @@ from typing import Any, Sequence
 from mimesis_lab.endpoint import Tally, map_with_deadline
 from mimesis_lab.envs.base import SimEpisode, TaskScore
 from mimesis_lab.envs.output_format import ParsedReply, parse_reply, public_text, strip_end_tokens
+from mimesis_lab.judges.verdict import JudgeFailure
 from mimesis_lab.rollout.backends import Generation, SamplingParams
 
 __all__ = ["Segment", "Rollout", "is_refusal", "run_episodes", "score_rollouts", "render_prompt"]
@@ -232,9 +233,8 @@ class _RecordingJudge:
         except Exception:
             self.tally.record(ok=False, reason="exception")
             raise
-        if hasattr(out, "reason"):                      # a JudgeFailure
-            self.tally.record(ok=False, reason=getattr(out, "kind", "") or out.reason,
-                              transient=bool(getattr(out, "transient", False)))
+        if isinstance(out, JudgeFailure):
+            self.tally.record(ok=False, reason=out.kind or out.reason, transient=out.transient)
         else:
             self.tally.record(ok=True, recovered_retries=int(getattr(out, "recovered_retries", 0) or 0))
         return out
