@@ -265,7 +265,7 @@ def test_openai_failures_are_counted_by_reason_from_a_thread_pool():
     plan = {"http": [0, 10], "transport": [1], "malformed": [2], "refusal": [3], "timeout": [5]}
     recover = [6, 16, 18]
     fault_of = {"http": status(502), "transport": drop(), "malformed": raw("busy"), "refusal": refuse(),
-                "timeout": slow(2.0, answer("late"))}
+                "timeout": slow(6.0, answer("late"))}
 
     def faults(request, attempt):
         i = int(re.search(r"turn #(\d+)", request["body"]["messages"][1]["content"]).group(1))
@@ -275,7 +275,7 @@ def test_openai_failures_are_counted_by_reason_from_a_thread_pool():
         return status(503) if i in recover and attempt == 0 else answer("Ask about dates." if i % 2 else "NONE")
 
     with FakeOpenAI(choose=faults) as server:
-        coach = OpenAICoach(OpenAIEndpoint(base_url=server.base_url, model="c", api_key_env="", timeout_s=0.5,
+        coach = OpenAICoach(OpenAIEndpoint(base_url=server.base_url, model="c", api_key_env="", timeout_s=2.0,
                                            max_retries=1), backoff_s=0.0)
         with ThreadPoolExecutor(max_workers=8) as pool:
             results = list(pool.map(lambda i: coach.coach(inp("z", f"turn #{i}: when?")), range(20)))
