@@ -47,7 +47,7 @@ test-fast: setup
 	pytest -m "not slow"
 
 ui: setup
-	$(PY) -m flows.ui start --prefect-port $(or $(PREFECT_PORT),4200) --mlflow-port $(or $(MLFLOW_PORT),5000)
+	$(PY) -m flows.ui start $(if $(PREFECT_PORT),--prefect-port $(PREFECT_PORT)) $(if $(MLFLOW_PORT),--mlflow-port $(MLFLOW_PORT))
 
 ui-stop:
 	$(PY) -m flows.ui stop

@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,28 +85,33 @@ def main() -> int:
 
             up_obj = FakeUpstream().start()
             shim_obj = PrivilegedShim(up_obj.url, max_episodes=args.max_episodes).start()
-            upstream, shim = up_obj.url, shim_obj.url
+            upstream, shim, auth = up_obj.url, shim_obj.url, shim_obj.auth_headers
         else:
             up_port, shim_port = _free_port(), _free_port()
             env = dict(os.environ, PYTHONPATH=str(ROOT))
             procs.append(subprocess.Popen([sys.executable, __file__, "--serve-fake", str(up_port)], env=env))
             upstream = f"http://127.0.0.1:{up_port}/v1"
+            creds = Path(tempfile.mkdtemp(prefix="bench-shim-")) / "shim.json"
             procs.append(subprocess.Popen([sys.executable, "-m", "mimesis_lab.rollout.shim", "--upstream", upstream,
-                                           "--port", str(shim_port), "--max-episodes", str(args.max_episodes)],
-                                          env=env, stderr=subprocess.DEVNULL))
-            shim = f"http://127.0.0.1:{shim_port}"
+                                           "--port", str(shim_port), "--max-episodes", str(args.max_episodes),
+                                           "--credentials", str(creds)], env=env, stderr=subprocess.DEVNULL))
             _wait(f"{upstream}/models")
-            _wait(f"{shim}/health")
+            end = time.time() + 30                        # the shim writes its credentials once it serves
+            while not (creds.is_file() and creds.read_text().endswith("\n")) and time.time() < end:
+                time.sleep(0.1)
+            info = json.loads(creds.read_text())          # the run namespace URL and the privileged token
+            shim, auth = info["url"], {"Authorization": f"Bearer {info['token']}"}
 
         limits = httpx.Limits(max_connections=args.workers, max_keepalive_connections=args.workers)
         with httpx.Client(timeout=60, trust_env=False, limits=limits) as c:
             run_load(lambda ep: upstream, min(args.workers, 32), 1, args.workers, c)          # warm up
             lat_d, wall_d, _ = run_load(lambda ep: upstream, args.episodes, args.turns, args.workers, c)
             lat_c, wall_c, _ = run_load(lambda ep: f"{shim}/ep/{ep}/v1", args.episodes, args.turns, args.workers, c,
-                                        tag="C", finish=lambda ep: c.delete(f"{shim}/ep/{ep}"))
+                                        tag="C", finish=lambda ep: c.delete(f"{shim}/ep/{ep}", headers=auth))
             lat_s, wall_s, fails = run_load(lambda ep: f"{shim}/ep/{ep}/v1", args.episodes, args.turns,
                                             args.workers, c, check_url=lambda ep: f"{shim}/ep/{ep}/privileged",
-                                            finish=lambda ep: c.post(f"{shim}/ep/{ep}/finish"))
+                                            check_headers=auth,
+                                            finish=lambda ep: c.post(f"{shim}/ep/{ep}/finish", headers=auth))
             stats = c.get(f"{shim}/health").json()
         direct, chat_only, via = _summary(lat_d, wall_d), _summary(lat_c, wall_c), _summary(lat_s, wall_s)
         res = {"episodes": args.episodes, "turns": args.turns, "workers": args.workers,

@@ -34,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
+from flows.crashed import claim_flow_run  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, flatten, load_params  # noqa: E402
 
@@ -132,6 +133,7 @@ def _record(params: Params, phase: str, entries: Mapping[str, tuple[str | None, 
     """Parent run ``phase`` + one child per evaluated model; returns {name: run url}."""
     if not params.tracking.enabled:
         return {}
+    tracking.mark_killed_runs(params.tracking, phase)           # runs a SIGKILL left RUNNING -> FAILED
     parent = tracking.create_run(params.tracking, phase, params=flatten(cfg, f"{phase}."),
                                  tags={"mimesis.kind": "eval", "mimesis.phase": phase, **tracking.provenance(phase)})
     c, _ = tracking.client(params.tracking)
@@ -175,6 +177,7 @@ def sim_eval_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Simulator benchmarks for every configured simulator (trained one and baselines)."""
     from mimesis_lab.evals.report import sim_markdown
 
+    claim_flow_run()                                            # flow runs a SIGKILL left RUNNING -> CRASHED
     params = load_params(params_path)
     cfg = phase_params(params, "sim_eval")
     summary = _sim_eval_task(params_path)
@@ -202,6 +205,7 @@ def agent_eval_flow(params_path: str = "params.yaml") -> dict[str, Any]:
     """Agents × gyms × evaluation users, cached per rollout (a rerun only runs what is missing)."""
     from mimesis_lab.evals.report import table2_markdown
 
+    claim_flow_run()                                            # flow runs a SIGKILL left RUNNING -> CRASHED
     params = load_params(params_path)
     cfg = phase_params(params, "agent_eval")
     summary = _agent_eval_task(params_path)
@@ -273,6 +277,7 @@ def report_flow(params_path: str = "params.yaml") -> str:
     """The comparison report: markdown (Table 2 shape), plots, DVC plot data, MLflow + Prefect artifacts."""
     from mimesis_lab.evals import report as rep
 
+    claim_flow_run()
     params = load_params(params_path)
     cfg = phase_params(params, "report")
     sim = _load(Path(params.sim_eval.output_dir) / "summary.json") if params.sim_eval else None
@@ -295,6 +300,7 @@ def report_flow(params_path: str = "params.yaml") -> str:
                               "weights_sha256": sha})
     urls: dict[str, str] = {}
     if params.tracking.enabled:
+        tracking.mark_killed_runs(params.tracking, "report")
         run = tracking.create_run(params.tracking, "report", tags={"mimesis.kind": "report",
                                                                    **tracking.provenance("report")})
         c, _ = tracking.client(params.tracking)

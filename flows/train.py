@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
+from flows.crashed import claim_flow_run  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, SimRLParams, TrainParams, flatten, load_params  # noqa: E402
 
@@ -90,6 +91,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     env = dict(os.environ)
     run_id = None
     if params.tracking.enabled:
+        tracking.mark_killed_runs(params.tracking, phase)      # runs a SIGKILL left RUNNING -> FAILED
         run_id = tracking.create_run(
             params.tracking, phase, parent_run_id,
             params={**flatten(cfg, f"{param_prefix(phase)}."), **flatten(params.model, "model."), "phase": phase},
@@ -157,6 +159,7 @@ def train_flow(phases: list[str], params_path: str = "params.yaml", world_size: 
     if unknown or not phases:
         raise ValueError(f"unknown phase(s) {unknown or phases}; expected a non-empty subset of {PHASES}")
     flow_name = phases[0] if len(phases) == 1 else "train"
+    claim_flow_run()                                           # flow runs a SIGKILL left RUNNING -> CRASHED
     params = load_params(params_path)
     parent = None
     if params.tracking.enabled:

@@ -11,6 +11,11 @@ a body that is not JSON, a missing message or a schema-violating answer is retri
 result is a failure carrying the last reason and whether it was transient — the stage
 quarantines the conversation (``annotator: …``), it is never dropped or turned into ``N``
 silently.
+
+:meth:`OpenAIAnnotator.annotate_all` annotates a stage's conversations on ``workers`` threads
+under one overall deadline (``deadline_s``; each call's retries honour it): a conversation not
+annotated by then fails with ``timeout: …`` (reason ``deadline`` or ``late``). Every outcome is
+counted by reason in :attr:`OpenAIAnnotator.tally` (:class:`mimesis_lab.endpoint.Tally`).
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import httpx
 
 from mimesis_lab.behaviors import ALL_CODES, TAXONOMY, Turn, serialize_conversation, validate_annotations
 from mimesis_lab.config import OpenAIEndpoint
-from mimesis_lab.endpoint import ChatEndpoint, json_answer
+from mimesis_lab.endpoint import ChatEndpoint, Tally, json_answer, map_with_deadline
 
 ANNOTATION_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -47,6 +52,8 @@ ANNOTATION_SCHEMA: dict[str, Any] = {
 }
 
 RETRY_BACKOFF_S = 1.0  # seconds; the k-th retry waits k * this
+WORKERS = 8            # concurrent annotation calls of one stage run
+DEADLINE_S = 3600.0    # overall seconds for all of a stage run's conversations
 
 RESPONSE_FORMAT: dict[str, Any] = {
     "type": "json_schema",
@@ -73,8 +80,9 @@ def system_prompt() -> str:
 
 @dataclass
 class AnnotatorResult:
-    """``annotations`` on success, else ``error`` (the last failure's reason) and ``transient`` (the
-    retries ran out on a timeout, transport error, 429 or 5xx: a later run may succeed)."""
+    """``annotations`` on success, else ``error`` (the last failure's detail), ``reason`` (its kind:
+    ``http``, ``timeout``, ``deadline``, ``late``, …) and ``transient`` (the retries ran out on a timeout,
+    transport error, 429 or 5xx, or the deadline passed: a later run may succeed)."""
 
     annotations: list[dict[str, Any]] | None
     error: str | None = None
@@ -82,6 +90,7 @@ class AnnotatorResult:
     errors: list[str] = field(default_factory=list)
     transient: bool = False
     recovered_retries: int = 0     # failed attempts before the annotations that were used
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -93,10 +102,14 @@ class OpenAIAnnotator:
     (the shared loop :meth:`mimesis_lab.endpoint.ChatEndpoint.call`, linear backoff)."""
 
     def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None,
-                 backoff_s: float | None = None):
+                 backoff_s: float | None = None, workers: int = WORKERS, deadline_s: float = DEADLINE_S):
+        if workers < 1 or deadline_s <= 0:
+            raise ValueError(f"workers must be >= 1 and deadline_s > 0, got {workers}, {deadline_s}")
         self.endpoint = endpoint
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
+        self.workers, self.deadline_s = workers, deadline_s
         self.chat = ChatEndpoint(endpoint, client, backoff_s=self.backoff_s)
+        self.tally = Tally()
 
     def close(self) -> None:
         self.chat.close()
@@ -118,10 +131,29 @@ class OpenAIAnnotator:
             "response_format": RESPONSE_FORMAT,
         }
 
-    def annotate(self, turns: Sequence[Turn]) -> AnnotatorResult:
+    def annotate(self, turns: Sequence[Turn], *, deadline: float | None = None) -> AnnotatorResult:
+        """One conversation (``deadline``: a :func:`time.monotonic` value the retries stop at)."""
         n_turns = len(turns)
-        res = self.chat.call(self.request_body(turns), json_answer(lambda obj: validate_annotations(obj, n_turns)))
+        res = self.chat.call(self.request_body(turns), json_answer(lambda obj: validate_annotations(obj, n_turns)),
+                             deadline=deadline)
         errors = [e.detail for e in res.errors]
         if res.ok:
+            self.tally.record(ok=True, recovered_retries=res.recovered_retries)
             return AnnotatorResult(res.value, None, res.attempts, errors, recovered_retries=res.recovered_retries)
-        return AnnotatorResult(None, res.failure.detail, res.attempts, errors, transient=res.failure.transient)
+        f = res.failure
+        self.tally.record(ok=False, reason=f.reason, transient=f.transient)
+        detail = f"timeout: {f.detail}" if f.reason == "deadline" else f.detail
+        return AnnotatorResult(None, detail, res.attempts, errors, transient=f.transient, reason=f.reason)
+
+    def annotate_all(self, conversations: Sequence[Sequence[Turn]]) -> list[AnnotatorResult]:
+        """Every conversation, ``workers`` at a time, under one ``deadline_s``; results in input order (one
+        still unfinished at the deadline fails ``timeout: …``, reason ``late``)."""
+        batch = map_with_deadline(lambda turns, deadline: self.annotate(turns, deadline=deadline), conversations,
+                                  workers=self.workers, deadline_s=self.deadline_s)
+        out = batch.results
+        for i in batch.late:
+            self.tally.record(ok=False, reason="late", transient=True)
+            out[i] = AnnotatorResult(None, f"timeout: the annotation deadline of {self.deadline_s:g}s passed before "
+                                           f"this conversation was annotated ({len(batch.late)} of "
+                                           f"{len(conversations)} late)", transient=True, reason="late")
+        return out

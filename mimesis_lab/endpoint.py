@@ -31,6 +31,8 @@ How a failed attempt is classified (:class:`AttemptError`):
 ``invalid``    ``parse`` rejected the answer (not JSON, schema, empty…)     retried; final once
                                                                             the retries are spent
 ``refusal``    the model refused (``message.refusal``)                      final, not retried
+``deadline``   the caller's deadline passed before the call (or its next    transient
+               retry) could start
 =============  ==========================================================  ====================
 
 A ``parse`` function raises :class:`AnswerError` (or any ``ValueError``) for an ``invalid`` answer;
@@ -42,21 +44,32 @@ succeed (caching must not keep it); a final one would fail again. On success,
 
 Backoff before retry ``k`` (1-based): ``linear`` waits ``backoff_s * k``, ``exponential``
 ``backoff_s * 2 ** (k - 1)``; each client keeps its own configured values.
+
+**Deadlines and batches.** ``call(..., deadline=t)`` (a :func:`time.monotonic` value) starts no
+attempt after ``t`` and cuts each attempt's timeout and each backoff wait to the time left, so a
+dead endpoint costs at most the time to the deadline, not ``(max_retries + 1) * timeout_s``.
+:func:`map_with_deadline` runs one such call per item of a batch on a bounded thread pool under one
+overall deadline (the judge's batch, the annotator's conversations); :class:`Tally` counts outcomes
+by reason, thread-safely (calls, failures per reason, transient failures, recovered retries).
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Literal, TypeVar
+from typing import Any, Callable, Generic, Literal, Sequence, TypeVar
 
 import httpx
 
 from mimesis_lab.config import OpenAIEndpoint
 
 __all__ = ["ChatEndpoint", "EndpointResult", "EndpointFailure", "AttemptError", "AnswerError",
-           "MalformedResponse", "Refusal", "JsonJudgeClient", "chat_message", "chat_content", "json_answer"]
+           "MalformedResponse", "Refusal", "JsonJudgeClient", "chat_message", "chat_content", "json_answer",
+           "Tally", "BatchResult", "map_with_deadline", "DEADLINE_GRACE_S"]
 
 T = TypeVar("T")
 Backoff = Literal["linear", "exponential"]
@@ -198,14 +211,25 @@ class ChatEndpoint:
         return self.backoff_s * retry
 
     def call(self, body: dict[str, Any], parse: Callable[[dict[str, Any]], T] = chat_content,
-             path: str = CHAT) -> EndpointResult[T]:
+             path: str = CHAT, *, deadline: float | None = None) -> EndpointResult[T]:
         """POST ``body`` to ``{base_url}{path}`` up to ``max_retries + 1`` times; ``parse(payload)`` of the
-        first usable answer, or the failure (never raises for an endpoint problem)."""
+        first usable answer, or the failure (never raises for an endpoint problem). ``deadline``: a
+        :func:`time.monotonic` value after which no attempt starts (module docstring)."""
         errors: list[AttemptError] = []
         for attempt in range(self.endpoint.max_retries + 1):
             if attempt and self.backoff_s > 0:
-                time.sleep(self.wait_s(attempt))
-            value, error, retry = self._attempt(body, parse, path)
+                pause = self.wait_s(attempt)
+                time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                n = len(errors)
+                last = f": {errors[-1].detail}" if errors else ""
+                errors.append(AttemptError("deadline", f"the deadline passed after {n} attempt{'s' if n != 1 else ''}"
+                                                       f"{last}", True))
+                return EndpointResult(None, EndpointFailure("deadline", True, errors[-1].detail, n, errors), n, 0,
+                                      errors)
+            value, error, retry = self._attempt(body, parse, path, self.endpoint.timeout_s if left is None
+                                                else min(self.endpoint.timeout_s, left))
             if error is None:
                 return EndpointResult(value, None, attempt + 1, attempt, errors)
             errors.append(error)
@@ -216,10 +240,9 @@ class ChatEndpoint:
                                   f"{last.detail}", n, errors)
         return EndpointResult(None, failure, n, 0, errors)
 
-    def _attempt(self, body: dict[str, Any], parse: Callable[[dict[str, Any]], T], path: str
+    def _attempt(self, body: dict[str, Any], parse: Callable[[dict[str, Any]], T], path: str, timeout: float
                  ) -> tuple[T | None, AttemptError | None, bool]:
-        """One POST: ``(value, None, _)`` or ``(None, error, retry?)``."""
-        timeout = self.endpoint.timeout_s
+        """One POST with ``timeout`` seconds: ``(value, None, _)`` or ``(None, error, retry?)``."""
         try:
             resp = self.client.post(self.base_url + path, json=body, headers=self.headers, timeout=timeout)
         except httpx.TimeoutException as e:
@@ -261,3 +284,74 @@ class JsonJudgeClient:
 
     def close(self) -> None:
         self.chat.close()
+
+
+# ----------------------------------------------------------------------------------- batches
+class Tally:
+    """Thread-safe counts of a client's outcomes: ``calls``, ``ok``, ``failures``, ``failures/<reason>``
+    (the :class:`EndpointFailure` reason, or the caller's own, e.g. ``deadline``), ``failures_transient``
+    and ``recovered_retries`` (failed attempts that a later attempt of the same call recovered)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._c: Counter[str] = Counter()
+
+    def record(self, *, ok: bool, reason: str | None = None, transient: bool = False,
+               recovered_retries: int = 0) -> None:
+        with self._lock:
+            self._c["calls"] += 1
+            self._c["recovered_retries"] += int(recovered_retries)
+            if ok:
+                self._c["ok"] += 1
+            else:
+                self._c["failures"] += 1
+                self._c[f"failures/{reason or 'unknown'}"] += 1
+                self._c["failures_transient"] += bool(transient)
+
+    def counts(self, reset: bool = False) -> dict[str, int]:
+        """The counts so far (``calls``, ``ok``, ``failures``, ``failures_transient``, ``recovered_retries``
+        always present); ``reset`` starts a new tally (e.g. per training step)."""
+        with self._lock:
+            out = {k: 0 for k in ("calls", "ok", "failures", "failures_transient", "recovered_retries")}
+            out.update(self._c)
+            if reset:
+                self._c.clear()
+            return out
+
+
+#: How long :func:`map_with_deadline` waits past the deadline for calls to notice it (an attempt's
+#: timeout is cut to the time left, but a connect, a write and a read may each take that long).
+DEADLINE_GRACE_S = 2.0
+
+
+@dataclass
+class BatchResult(Generic[T]):
+    """``results[i]``: ``fn(items[i], deadline)``, or ``None`` for an index in ``late`` (not finished by
+    the deadline: never started, or still running — its result, if any, is dropped)."""
+
+    results: list[T | None]
+    late: list[int]
+    wall_s: float
+
+
+def map_with_deadline(fn: Callable[[Any, float], T], items: Sequence[Any], *, workers: int,
+                      deadline_s: float, grace_s: float = DEADLINE_GRACE_S) -> BatchResult[T]:
+    """``fn(item, deadline)`` for every item on at most ``workers`` threads, under one overall deadline
+    (``deadline = time.monotonic() + deadline_s``, handed to every call so that its endpoint stops by
+    then). Returns after every call finished, or at ``deadline + grace_s``; the unfinished are ``late``.
+    Results are collected here, in the caller's thread, in item order; an exception in ``fn`` propagates."""
+    t0 = time.monotonic()
+    deadline = t0 + deadline_s
+    results: list[T | None] = [None] * len(items)
+    if not items:
+        return BatchResult(results, [], 0.0)
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))), thread_name_prefix="endpoint-batch")
+    try:
+        futures = [pool.submit(fn, item, deadline) for item in items]
+        wait(futures, timeout=max(0.0, deadline + grace_s - time.monotonic()))
+        late = [i for i, f in enumerate(futures) if not f.done() or f.cancelled()]
+        for i in sorted(set(range(len(items))) - set(late)):
+            results[i] = futures[i].result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)   # a straggler ends at its own (cut) timeout
+    return BatchResult(results, late, time.monotonic() - t0)

@@ -3,11 +3,20 @@
 Every run gets: flattened params of its ``params.yaml`` section, the git commit, the
 ``dvc.lock`` hashes of the stage (when present), input file hashes, and metrics.
 A parent run is attached when ``MIMESIS_PARENT_RUN_ID`` is set (flows set it).
+
+**Killed runs.** A run's status is set by the process that created it; a process killed with
+SIGKILL (or the machine going down) leaves it ``RUNNING`` for ever. :func:`create_run` therefore
+records its creator (:func:`process_identity`: tags ``mimesis.pid``, ``mimesis.host`` and
+``mimesis.pid_started``, the process start time that tells a reused pid apart), and the flows call
+:func:`mark_killed_runs` when they create a phase's run: every ``RUNNING`` run of that phase in the
+experiment whose creator is gone from this host becomes ``FAILED`` with the tag
+``mimesis.killed=true``. Runs of other hosts, and runs without the tags (older ones), are left alone.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
@@ -161,11 +170,75 @@ def provenance(stage: str) -> dict[str, str]:
     return tags
 
 
+def _process_started(pid: int) -> str:
+    """The process start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22), ``""`` if unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def process_identity(pid: int | None = None) -> dict[str, str]:
+    """Tags naming a process: ``mimesis.pid``, ``mimesis.host``, ``mimesis.pid_started``."""
+    pid = os.getpid() if pid is None else pid
+    return {"mimesis.pid": str(pid), "mimesis.host": socket.gethostname(), "mimesis.pid_started": _process_started(pid)}
+
+
+def process_alive(pid: int, started: str = "") -> bool:
+    """Whether process ``pid`` of this host still runs: it exists, is not a zombie, and (when
+    ``started`` is given and readable) started at that time, i.e. the pid was not reused."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # exists, another user's
+        pass
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False
+    except (OSError, IndexError):
+        return True
+    now = _process_started(pid)
+    return not (started and now and now != started)
+
+
+def _of_phase(tags: dict[str, str], name: str, phase: str) -> bool:
+    return (tags.get("mimesis.phase") == phase or name == phase or name.startswith(f"{phase}:")
+            or phase in tags.get("mimesis.phases", "").split(","))
+
+
+def mark_killed_runs(tracking: TrackingParams, phase: str) -> list[str]:
+    """Mark ``FAILED`` (tag ``mimesis.killed=true``) every ``RUNNING`` run of ``phase`` — tagged
+    ``mimesis.phase``, named ``phase`` or ``phase:…``, or a flow run listing it in ``mimesis.phases`` —
+    whose creating process is gone from this host; returns their ids. Call it before creating the
+    phase's new run (module docstring)."""
+    if not tracking.enabled:
+        return []
+    c, exp_id = client(tracking)
+    host = socket.gethostname()
+    killed = []
+    for run in c.search_runs([exp_id], filter_string="attributes.status = 'RUNNING'", max_results=5000):
+        tags = run.data.tags
+        pid = tags.get("mimesis.pid", "")
+        if not (_of_phase(tags, run.info.run_name or tags.get("mlflow.runName", ""), phase)
+                and tags.get("mimesis.host") == host and pid.isdigit()):
+            continue
+        if process_alive(int(pid), tags.get("mimesis.pid_started", "")):
+            continue
+        c.set_tag(run.info.run_id, "mimesis.killed", "true")
+        c.set_tag(run.info.run_id, "mimesis.killed_note", f"process {pid} on {host} was gone when the next "
+                                                          f"{phase} run started")
+        c.set_terminated(run.info.run_id, "FAILED")
+        killed.append(run.info.run_id)
+    return killed
+
+
 def create_run(tracking: TrackingParams, name: str, parent_id: str | None = None,
                params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> str:
-    """Create (and leave open) a run, nested under ``parent_id`` when given; returns its id."""
+    """Create (and leave open) a run, nested under ``parent_id`` when given, tagged with this process
+    (:func:`process_identity`); returns its id."""
     c, exp_id = client(tracking)
-    run_tags = {"mlflow.runName": name, **(tags or {})}
+    run_tags = {"mlflow.runName": name, **process_identity(), **(tags or {})}
     if parent_id:
         run_tags["mlflow.parentRunId"] = parent_id
     run = c.create_run(exp_id, tags=run_tags, run_name=name)

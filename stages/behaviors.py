@@ -1,8 +1,11 @@
 """DVC stage ``behaviors``: behaviour annotation of ThoughtTrace (SPEC §2.4, taxonomy building).
 
 Every ThoughtTrace conversation (``data/processed/thoughttrace.parquet``, column ``turns``) is
-annotated by the ``rule`` or ``openai`` annotator; an annotator failure quarantines the
-conversation (``annotator: …``). Frequencies are in-sample counts, not sampling probabilities.
+annotated by the ``rule`` annotator (in order) or the ``openai`` one (concurrently, under one overall
+deadline: :meth:`~mimesis_lab.annotators.OpenAIAnnotator.annotate_all`); an annotator failure
+quarantines the conversation (``annotator: …``) and is counted by reason in the metrics
+(``annotator_calls``: calls, failures per reason, recovered retries). Frequencies are in-sample
+counts, not sampling probabilities.
 The ABCD behaviour-task rows are the separate stage ``behavior_tasks``.
 
 Accounting: rows_in = ThoughtTrace conversations; rows_out = annotated conversations.
@@ -37,21 +40,23 @@ def read_thoughttrace(path: Path) -> pl.DataFrame:
                         hint="run the `thoughttrace` stage first")
 
 
-def annotate_conversations(df: pl.DataFrame, params: Params, source: Path,
-                           quarantine: Quarantine) -> list[dict[str, Any]]:
-    """Annotation rows of every conversation; failures are quarantined."""
+def annotate_conversations(df: pl.DataFrame, params: Params, source: Path, quarantine: Quarantine,
+                           counts: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Annotation rows of every conversation; failures are quarantined. ``counts`` receives the
+    ``openai`` annotator's outcome counts (:class:`~mimesis_lab.endpoint.Tally`)."""
     cfg = params.behaviors
     annotator = OpenAIAnnotator(cfg.openai) if cfg.annotator == "openai" else None
     rows: list[dict[str, Any]] = []
     has_src = "source_file" in df.columns and "row" in df.columns
+    records = list(df.iter_rows(named=True))
     try:
-        for k, rec in enumerate(df.iter_rows(named=True)):
+        results = annotator.annotate_all([rec["turns"] or [] for rec in records]) if annotator is not None else None
+        for k, rec in enumerate(records):
             turns = rec["turns"] or []
-            if annotator is None:
+            if results is None:
                 found, error = rule_annotate(turns), None
             else:
-                res = annotator.annotate(turns)
-                found, error = res.annotations, res.error
+                found, error = results[k].annotations, results[k].error
             if found is None:
                 src, row = (rec["source_file"], rec["row"]) if has_src else (str(source), k + 1)
                 quarantine.add(str(src), int(row), f"annotator: {error}",
@@ -63,6 +68,8 @@ def annotate_conversations(df: pl.DataFrame, params: Params, source: Path,
     finally:
         if annotator is not None:
             annotator.close()
+            if counts is not None:
+                counts.update(annotator.tally.counts())
     return rows
 
 
@@ -80,7 +87,8 @@ def build(params: Params) -> StageResult:
     quarantine = Quarantine()
     tt_path = Path(params.thoughttrace.output)
     tt = read_thoughttrace(tt_path)
-    ann = pl.DataFrame(annotate_conversations(tt, params, tt_path, quarantine), schema=ANNOTATION_SCHEMA)
+    calls: dict[str, int] = {}
+    ann = pl.DataFrame(annotate_conversations(tt, params, tt_path, quarantine, calls), schema=ANNOTATION_SCHEMA)
     n_annotated = ann.get_column("conversation_id").n_unique() if ann.height else 0
     freq = frequencies(ann, n_annotated)
     extra = {
@@ -89,6 +97,8 @@ def build(params: Params) -> StageResult:
         "annotation_rows": ann.height,
         "behavior_frequencies": {r["behavior"]: r["count"] for r in freq.iter_rows(named=True)},
     }
+    if calls:
+        extra["annotator_calls"] = calls
     return StageResult(
         outputs={cfg.annotations_output: ann, cfg.frequencies_output: freq},
         rows_in=tt.height,

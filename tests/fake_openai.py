@@ -10,6 +10,10 @@ request (``path``, ``headers`` with lower-case names, ``body``) in ``server.requ
 Faults: :func:`answer` (a chat completion), :func:`refuse` (``message.refusal``), :func:`status` (an HTTP
 error), :func:`raw` (a 200 with any body), :func:`slow` (wait, then another fault: a client timeout),
 :func:`drop` (close the connection without answering: a transport error).
+
+For concurrent clients, where the order of requests is not fixed, ``FakeOpenAI(choose=f)`` answers
+``f(request, n)`` instead: ``n`` counts the earlier requests with the same body (0 on a first attempt,
+1 on its first retry), so each conversation gets its own fault whatever the order.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,9 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeOpenAI:
     """The server (module docstring); ``base_url`` is ``http://127.0.0.1:<port>/v1``."""
 
-    def __init__(self, script: list[Fault] | None = None):
+    def __init__(self, script: list[Fault] | None = None, choose: Callable[[dict[str, Any], int], Fault] | None = None):
         self.script = list(script or [answer("ok")])
+        self.choose = choose
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -98,7 +103,10 @@ class FakeOpenAI:
 
     def next_fault(self, request: dict[str, Any]) -> Fault:
         with self._lock:
+            seen = sum(r["body"] == request["body"] for r in self.requests)
             self.requests.append(request)
+            if self.choose is not None:
+                return self.choose(request, seen)
             return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
     def __enter__(self) -> "FakeOpenAI":

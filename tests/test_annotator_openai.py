@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -207,3 +208,59 @@ def test_stage_quarantines_annotator_failures(in_tmp, server):
     assert (m["rows_in"], m["rows_out"], m["rows_quarantined"]) == (3, 2, 1)
     assert m["quarantine_by_reason"] == {"annotator": 1}
     assert m["behavior_frequencies"]["N"] == 2
+    calls = m["annotator_calls"]          # the openai annotator's outcomes, counted by reason
+    assert (calls["calls"], calls["ok"], calls["failures/http"], calls["failures_transient"]) == (3, 2, 1, 1)
+
+
+# ----------------------------------------------------------------------------- many conversations at once
+N_CONV = 20
+# 6 of the 20 conversations (30 %) meet a fault on every attempt; 3 more fail once, then succeed
+CONV_FAULTS = {"http": [0, 10], "transport": [1], "malformed": [2], "refusal": [3], "timeout": [5]}
+CONV_RECOVER = [6, 16, 18]
+
+
+def test_annotate_all_counts_every_injected_fault_by_reason():
+    from .fake_openai import FakeOpenAI, answer, drop, raw, refuse, slow, status
+
+    good = answer(json.dumps(VALID))
+    fault_of = {"http": status(500), "transport": drop(), "malformed": raw("<html>busy</html>"), "refusal": refuse(),
+                "timeout": slow(6.0, good)}
+
+    def faults(request, attempt):
+        i = int(re.search(r"conversation #(\d+)", request["body"]["messages"][1]["content"]).group(1))
+        kind = next((k for k, idx in CONV_FAULTS.items() if i in idx), None)
+        if kind:
+            return fault_of[kind]
+        return status(503) if i in CONV_RECOVER and attempt == 0 else good
+
+    convs = [[u(f"conversation #{i}: write code"), a("Here is code."), u("Hurry up!!")] for i in range(N_CONV)]
+    with FakeOpenAI(choose=faults) as server:
+        with OpenAIAnnotator(OpenAIEndpoint(base_url=server.base_url, model="m", api_key_env="", timeout_s=2.0,
+                                            max_retries=1), workers=8, deadline_s=60) as ann:
+            t0 = time.perf_counter()
+            results = ann.annotate_all(convs)
+            wall = time.perf_counter() - t0
+            counts = ann.tally.counts()
+    failed = {i: r.reason for i, r in enumerate(results) if not r.ok}
+    assert failed == {i: k for k, idx in CONV_FAULTS.items() for i in idx}            # in input order, by reason
+    assert {k.removeprefix("failures/"): v for k, v in counts.items() if k.startswith("failures/")} == \
+        {k: len(v) for k, v in CONV_FAULTS.items()}
+    assert (counts["calls"], counts["ok"], counts["failures"]) == (N_CONV, N_CONV - 6, 6)
+    assert counts["recovered_retries"] == len(CONV_RECOVER)
+    assert all(r.annotations == VALID["annotations"] for r in results if r.ok)
+    assert wall < 8, wall                                         # 1 timeout: 2 x 2 s
+
+
+def test_annotate_all_against_a_dead_endpoint_stops_at_the_deadline():
+    from .fake_openai import FakeOpenAI, slow
+
+    convs = [[u(f"conversation #{i}"), a("ok")] for i in range(12)]
+    with FakeOpenAI([slow(30.0)]) as server:
+        with OpenAIAnnotator(OpenAIEndpoint(base_url=server.base_url, model="m", api_key_env="", timeout_s=60,
+                                            max_retries=2), workers=4, deadline_s=1.5) as ann:
+            t0 = time.perf_counter()
+            results = ann.annotate_all(convs)
+            wall = time.perf_counter() - t0
+    assert wall < 1.5 + 2.0 + 1.0, wall                  # not 12 x 3 x 60 s
+    assert all(not r.ok and r.transient and r.error.startswith("timeout: ") for r in results)
+    assert {r.reason for r in results} <= {"deadline", "late"} and len(server.requests) <= 4

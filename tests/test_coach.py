@@ -252,3 +252,41 @@ def test_check_coach_endpoint_accepts_other_server():
     check_coach_endpoint("http://127.0.0.1:8001/v1", [])
     with pytest.raises(ValueError, match="host"):
         check_coach_endpoint("http:///v1", [])
+
+
+def test_openai_failures_are_counted_by_reason_from_a_thread_pool():
+    """As the CSD post-pass calls it: 20 turns on 8 threads, 30 % of them meet a fault on every attempt,
+    3 more fail once then succeed. Every failure is counted by its reason, every recovery summed."""
+    import re
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .fake_openai import FakeOpenAI, answer, drop, raw, refuse, slow, status
+
+    plan = {"http": [0, 10], "transport": [1], "malformed": [2], "refusal": [3], "timeout": [5]}
+    recover = [6, 16, 18]
+    fault_of = {"http": status(502), "transport": drop(), "malformed": raw("busy"), "refusal": refuse(),
+                "timeout": slow(6.0, answer("late"))}
+
+    def faults(request, attempt):
+        i = int(re.search(r"turn #(\d+)", request["body"]["messages"][1]["content"]).group(1))
+        kind = next((k for k, idx in plan.items() if i in idx), None)
+        if kind:
+            return fault_of[kind]
+        return status(503) if i in recover and attempt == 0 else answer("Ask about dates." if i % 2 else "NONE")
+
+    with FakeOpenAI(choose=faults) as server:
+        coach = OpenAICoach(OpenAIEndpoint(base_url=server.base_url, model="c", api_key_env="", timeout_s=2.0,
+                                           max_retries=1), backoff_s=0.0)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(pool.map(lambda i: coach.coach(inp("z", f"turn #{i}: when?")), range(20)))
+        counts = coach.failure_counts(reset=True)
+        coach.close()
+    assert {i: r.reason for i, r in enumerate(results) if r.status == "failure"} == \
+        {i: k for k, idx in plan.items() for i in idx}
+    assert {k.removeprefix("failures/"): v for k, v in counts.items() if k.startswith("failures/")} == \
+        {k: len(v) for k, v in plan.items()}
+    assert (counts["calls"], counts["ok"], counts["failures"], counts["failures_transient"]) == (20, 14, 6, 4)
+    assert counts["recovered_retries"] == 3
+    assert coach.failure_counts()["calls"] == 0                     # reset: the next step starts at 0
+    assert TemplateCoach().failure_counts() == {"calls": 0, "ok": 0, "failures": 0, "failures_transient": 0,
+                                                "recovered_retries": 0}

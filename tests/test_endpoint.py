@@ -111,6 +111,24 @@ def test_timeout_is_honoured_and_transient():
     assert elapsed < 1.4                                  # 2 x 0.2 s (+ slack), not 2 x 1.5 s
 
 
+def test_a_deadline_stops_the_retries():
+    """A server that never answers in time: 3 attempts x 5 s would be 15 s; the deadline 1 s from now cuts
+    the first attempt's timeout to what is left and starts no retry (reason `deadline`, transient)."""
+    with FakeOpenAI([slow(10.0)]) as server:
+        t0 = time.monotonic()
+        res = chat_for(server, max_retries=2, timeout_s=5.0).call(body(), deadline=t0 + 1.0)
+        wall = time.monotonic() - t0
+        assert len(server.requests) == 1
+        late = chat_for(server).call(body(), deadline=time.monotonic() - 1)      # already past: no request
+        assert len(server.requests) == 1
+    assert wall < 3.0 and not res.ok
+    assert (res.failure.reason, res.failure.transient, res.attempts) == ("deadline", True, 1)
+    assert [e.kind for e in res.errors] == ["timeout", "deadline"]
+    cut = float(res.errors[0].detail.split("timed out after ")[1].split("s:")[0])
+    assert 0 < cut <= 1.0                                           # not the configured 5 s
+    assert (late.failure.reason, late.attempts) == ("deadline", 0)
+
+
 def test_api_key_header_is_sent_only_when_the_variable_is_set(monkeypatch):
     with FakeOpenAI([answer("x")]) as server:
         monkeypatch.setenv(KEY_ENV, "sk-test")

@@ -161,7 +161,7 @@ def test_strips_think_and_stores_reasoning_in_turn_order(shim, client):
         assert choice["message"]["content"] == f"reply a turn {t}"
         assert "logprobs" not in choice                      # token logprobs would spell the reasoning
         assert "secret" not in r.text and "<think>" not in r.text
-    got = client.get(f"{shim.url}/ep/ep-a/privileged").json()
+    got = client.get(f"{shim.url}/ep/ep-a/privileged", headers=shim.auth_headers).json()
     assert got == {"episode": "ep-a", "reasoning": [f"secret a turn {t}" for t in range(3)], "turns": 3,
                    "finished": False}
     assert shim.privileged("ep-a") == got["reasoning"]
@@ -187,7 +187,7 @@ def test_episode_isolation_interleaved(shim, client):
             assert chat(client, shim.episode_url(ep), f"EP={ep} T={t}").json()["choices"][0]["message"][
                 "content"] == f"reply {ep} turn {t}"
     for ep, other in ((a, b), (b, a)):
-        reasoning = client.get(f"{shim.url}/ep/{ep}/privileged").json()["reasoning"]
+        reasoning = client.get(f"{shim.url}/ep/{ep}/privileged", headers=shim.auth_headers).json()["reasoning"]
         assert reasoning == [f"secret {ep} turn {t}" for t in range(3)]
         assert not any(other in r for r in reasoning)
     health = json.dumps(client.get(f"{shim.url}/health").json())
@@ -225,7 +225,7 @@ def test_bad_requests(shim, client):
         r = client.post(f"{root}/ep/{bad}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code in (400, 404), bad
         assert "error" in r.json()
-    assert client.get(f"{root}/ep/nobody/privileged").status_code == 404
+    assert client.get(f"{root}/ep/nobody/privileged", headers=shim.auth_headers).status_code == 404
     assert client.get(f"{root}/nothing").status_code == 404
     r = client.post(f"{root}/ep/ok/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "invalid JSON" in r.json()["error"]["message"]
@@ -245,12 +245,13 @@ def test_eviction_bounds_memory(fake, client):
             assert shim.stats()["live_episodes"] <= 3
         st = shim.stats()
         assert st["live_episodes"] == 3 and st["evictions"] == 7
-        assert client.get(f"{shim.url}/ep/ep0/privileged").status_code == 410      # evicted, not "unknown"
+        auth = shim.auth_headers
+        assert client.get(f"{shim.url}/ep/ep0/privileged", headers=auth).status_code == 410   # evicted, not "unknown"
         assert chat(client, shim.episode_url("ep0"), "EP=ep0 T=1").status_code == 410   # no silent restart
         # finished episodes go first: ep7 is the LRU, but ep8 is finished
-        assert client.post(f"{shim.url}/ep/ep8/finish").status_code == 200
+        assert client.post(f"{shim.url}/ep/ep8/finish", headers=auth).status_code == 200
         assert chat(client, shim.episode_url("ep8"), "EP=ep8 T=1").status_code == 409
-        assert client.get(f"{shim.url}/ep/ep8/privileged").json()["finished"] is True
+        assert client.get(f"{shim.url}/ep/ep8/privileged", headers=auth).json()["finished"] is True
         assert chat(client, shim.episode_url("new"), "EP=new T=0").status_code == 200
         assert shim.privileged("ep7") == ["secret ep7 turn 0"]
         with pytest.raises(KeyError):
@@ -258,7 +259,7 @@ def test_eviction_bounds_memory(fake, client):
         # turn cap, then DELETE returns the final buffer and frees the slot
         assert chat(client, shim.episode_url("new"), "EP=new T=1").status_code == 200
         assert chat(client, shim.episode_url("new"), "EP=new T=2").status_code == 409
-        r = client.delete(f"{shim.url}/ep/new")
+        r = client.delete(f"{shim.url}/ep/new", headers=auth)
         assert r.json()["reasoning"] == ["secret new turn 0", "secret new turn 1"]
         assert shim.stats()["live_episodes"] == 2
     finally:
@@ -277,6 +278,51 @@ def test_busy_episodes_are_not_evicted(fake, client):
         assert shim.privileged("slow") == ["secret slow turn 0"]
     finally:
         shim.stop()
+
+
+def test_privileged_routes_need_the_token_and_the_run_namespace(shim, client):
+    """Another local client that knows (or guesses) an episode id can neither read, finish nor
+    delete its buffer without the shim's token, nor post turns into it without the run nonce."""
+    base = shim.episode_url("s0g0r0")                     # a training-style, guessable id
+    assert chat(client, base, "EP=s0g0r0 T=0").status_code == 200
+    ep_root = f"{shim.url}/ep/s0g0r0"
+    for method, url in (("GET", f"{ep_root}/privileged"), ("POST", f"{ep_root}/finish"), ("DELETE", ep_root)):
+        assert client.request(method, url).status_code == 401, (method, url)
+        assert client.request(method, url, headers={"Authorization": "Bearer guessed"}).status_code == 403
+        assert client.request(method, url, headers={"Authorization": f"Basic {shim.token}"}).status_code == 401
+    assert client.get(f"{shim.url}/ep/nobody/privileged").status_code == 401      # no existence oracle
+    assert shim.stats()["unauthorized"] == 10
+    assert shim.privileged("s0g0r0") == ["secret s0g0r0 turn 0"]                  # nothing was finished or deleted
+    # chat without the run nonce, or with a guessed one, reaches no episode
+    for root in (shim.root, f"{shim.root}/run/{'A' * len(shim.nonce)}"):
+        assert chat(client, f"{root}/ep/s0g0r0/v1", "EP=s0g0r0 T=1").status_code == 404
+        assert client.get(f"{root}/ep/s0g0r0/privileged", headers=shim.auth_headers).status_code == 404
+    assert shim.privileged("s0g0r0") == ["secret s0g0r0 turn 0"]                  # no turn was injected
+    # the holder of the token reads, finishes and deletes
+    r = client.get(f"{ep_root}/privileged", headers=shim.auth_headers)
+    assert r.status_code == 200 and r.json()["reasoning"] == ["secret s0g0r0 turn 0"]
+    assert client.post(f"{ep_root}/finish", headers=shim.auth_headers).status_code == 200
+    assert client.delete(ep_root, headers=shim.auth_headers).json()["deleted"] is True
+    # every run draws its own token and namespace
+    other = PrivilegedShim(shim.upstream)
+    assert other.token != shim.token and other.nonce != shim.nonce and len(shim.token) >= 32
+
+
+def test_shim_token_is_not_forwarded_upstream():
+    """The chat route forwards the client's upstream key, never the shim token."""
+    from tests.fake_openai import FakeOpenAI, answer
+
+    with FakeOpenAI([answer("<think>s</think>hi")]) as up:
+        shim = PrivilegedShim(up.base_url).start()
+        try:
+            with httpx.Client(timeout=10, trust_env=False) as c:
+                for auth in ("Bearer sk-upstream", f"Bearer {shim.token}"):
+                    r = c.post(f"{shim.episode_url('e')}/chat/completions", headers={"Authorization": auth},
+                               json={"messages": [{"role": "user", "content": "hi"}]})
+                    assert r.json()["choices"][0]["message"]["content"] == "hi"
+        finally:
+            shim.stop()
+    assert [q["headers"].get("authorization") for q in up.requests] == ["Bearer sk-upstream", None]
 
 
 # ----------------------------------------------------------------------------- tiny model server + EndpointUser
@@ -321,7 +367,8 @@ def test_endpoint_user_round_trip_through_shim(model_server, client):
     shim = PrivilegedShim(model_server.url).start()
     try:
         params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=[])
-        user = EndpointUser(shim.url, "tiny", episode="run1:ep-0", sampling=params, timeout_s=30)
+        user = EndpointUser(shim.url, "tiny", episode="run1:ep-0", sampling=params, timeout_s=30,
+                            privileged_token=shim.token)
         assert isinstance(user, UserSide) and user.base_url == f"{shim.url}/ep/run1:ep-0/v1"
         assert episode_base_url(user.base_url, "run1:ep-0") == user.base_url
         view = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "How can I help?"}]
@@ -336,6 +383,8 @@ def test_endpoint_user_round_trip_through_shim(model_server, client):
             else:
                 assert rep.text == utterance and "<think>" not in rep.text
         assert user.privileged() == [reasoning, reasoning]          # one entry per turn, "" included
+        with pytest.raises(httpx.HTTPStatusError, match="401"):     # the gym's user client has no token
+            EndpointUser(shim.url, "tiny", episode="run1:ep-0").privileged()
         user.finish()
         user.close()
         # failures are replies: an upstream timeout says "timeout"
@@ -364,8 +413,9 @@ def _rss_bytes() -> int:
 
 
 def run_load(base_of, episodes: int, turns: int, workers: int, client: httpx.Client, check_url=None,
-             finish=None, tag: str = "L") -> tuple[list[float], float, list[str]]:
-    """``episodes`` episodes of ``turns`` turns on ``workers`` threads; returns (latencies, wall, failures)."""
+             finish=None, tag: str = "L", check_headers=None) -> tuple[list[float], float, list[str]]:
+    """``episodes`` episodes of ``turns`` turns on ``workers`` threads; returns (latencies, wall, failures).
+    ``check_url(ep)`` is read back with ``check_headers`` (the shim token)."""
     lat: list[float] = []
     fails: list[str] = []
     lock = threading.Lock()
@@ -380,7 +430,7 @@ def run_load(base_of, episodes: int, turns: int, workers: int, client: httpx.Cli
             if r.status_code != 200 or r.json()["choices"][0]["message"]["content"] != f"reply {ep} turn {t}":
                 fails.append(f"{ep} t{t}: {r.status_code} {r.text[:120]}")
         if check_url is not None:
-            got = client.get(check_url(ep)).json().get("reasoning")
+            got = client.get(check_url(ep), headers=check_headers).json().get("reasoning")
             if got != [f"secret {ep} turn {t}" for t in range(turns)]:
                 fails.append(f"{ep} privileged: {got}")
         if finish is not None:
@@ -408,7 +458,9 @@ def test_load_concurrent_episodes():
                           limits=httpx.Limits(max_connections=workers, max_keepalive_connections=workers)) as c:
             lat, wall, fails = run_load(shim.episode_url, episodes, turns, workers, c,
                                         check_url=lambda ep: f"{shim.url}/ep/{ep}/privileged",
-                                        finish=lambda ep: c.post(f"{shim.url}/ep/{ep}/finish"))
+                                        check_headers=shim.auth_headers,
+                                        finish=lambda ep: c.post(f"{shim.url}/ep/{ep}/finish",
+                                                                 headers=shim.auth_headers))
             st = shim.stats()
             n = episodes * turns
             print(f"\n[shim load] {episodes} episodes x {turns} turns, {workers} concurrent: {n} chat requests in "
@@ -425,7 +477,7 @@ def test_load_concurrent_episodes():
                 for ep in list(shim._episodes):
                     shim.delete(ep)
                 run_load(shim.episode_url, 64, turns, workers, c, tag=tag,
-                         finish=lambda ep: c.delete(f"{shim.url}/ep/{ep}"))
+                         finish=lambda ep: c.delete(f"{shim.url}/ep/{ep}", headers=shim.auth_headers))
 
             tracemalloc.start()
             round_("w")

@@ -510,13 +510,16 @@ def rule_check(req: BehaviorJudgeRequest) -> float:
     return float(codes == {"N"}) if req.behavior_id == "N" else float(req.behavior_id in codes)
 
 
-def make_judge(kind: str, endpoint: OpenAIEndpoint | None = None) -> RuleJudge | OpenAIJudge:
-    """``"rule"`` → :class:`RuleJudge`; ``"openai"`` → :class:`OpenAIJudge` (``endpoint`` required)."""
+def make_judge(kind: str, endpoint: OpenAIEndpoint | None = None, *, workers: int | None = None,
+               deadline_s: float | None = None) -> RuleJudge | OpenAIJudge:
+    """``"rule"`` → :class:`RuleJudge`; ``"openai"`` → :class:`OpenAIJudge` (``endpoint`` required; ``workers``
+    concurrent calls per batch and the batch ``deadline_s``, default the judge's own)."""
     if kind == "rule":
         return RuleJudge()
     if kind == "openai":
         if endpoint is None:
             raise ValueError("the openai judge needs an endpoint")
         from mimesis_lab.judges.openai_judge import OpenAIJudge  # lazy: only the openai kind needs httpx
-        return OpenAIJudge(endpoint)
+        batch = {k: v for k, v in (("workers", workers), ("deadline_s", deadline_s)) if v is not None}
+        return OpenAIJudge(endpoint, **batch)
     raise ValueError(f"unknown judge kind {kind!r} (expected 'rule' or 'openai')")

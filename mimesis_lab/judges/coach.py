@@ -14,6 +14,12 @@ Coaches: :class:`TemplateCoach` (offline default, deterministic, no model) and
 :meth:`mimesis_lab.endpoint.ChatEndpoint.call`, bounded retries, never raises for endpoint problems). :func:`check_coach_endpoint` refuses a coach endpoint on the same server as the
 simulator's upstream or its privileged shim (coach calls must not pollute the user-reasoning
 buffer).
+
+Both coaches count their outcomes (thread-safe: the CSD post-pass calls the coach from a thread
+pool): :meth:`OpenAICoach.failure_counts` gives ``calls``, ``ok`` (a note or ``NONE``), ``failures``,
+``failures/<reason>`` (the endpoint's reason: ``http``, ``transport``, ``timeout``, ``malformed``,
+``invalid``, ``refusal``), ``failures_transient`` and ``recovered_retries``; ``reset=True`` starts the
+next step's tally.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from mimesis_lab.config import OpenAIEndpoint
-from mimesis_lab.endpoint import AnswerError, ChatEndpoint, chat_message
+from mimesis_lab.endpoint import AnswerError, ChatEndpoint, Tally, chat_message
 
 __all__ = ["MAX_NOTE_CHARS", "STYLES", "CoachInput", "CoachResult", "parse_note", "coach_messages", "TemplateCoach",
            "OpenAICoach", "make_coach", "check_coach_endpoint"]
@@ -50,14 +56,16 @@ class CoachInput:
 
 @dataclass
 class CoachResult:
-    """``status``: ``ok`` (``note`` set), ``none`` (nothing to say) or ``failure`` (``detail`` says why;
-    ``transient``: the endpoint's retries ran out on a timeout, transport error, 429 or 5xx)."""
+    """``status``: ``ok`` (``note`` set), ``none`` (nothing to say) or ``failure`` (``detail`` says why,
+    ``reason`` is the endpoint's failure kind; ``transient``: the endpoint's retries ran out on a timeout,
+    transport error, 429 or 5xx)."""
 
     note: str | None
     status: str
     detail: str = ""
     transient: bool = False
     recovered_retries: int = 0     # failed endpoint attempts before this answer (OpenAICoach)
+    reason: str = ""
 
 
 def _style(style: str) -> str:
@@ -207,6 +215,11 @@ class TemplateCoach:
 
     def __init__(self, style: str = "prospective"):
         self.style = _style(style)
+        self.tally = Tally()
+
+    def failure_counts(self, reset: bool = False) -> dict[str, int]:
+        """Outcome counts (module docstring); the template coach never fails."""
+        return self.tally.counts(reset)
 
     @staticmethod
     def cues(inp: CoachInput) -> list[str]:
@@ -236,6 +249,7 @@ class TemplateCoach:
         names = self.cues(inp)
         if self.style == "corrective" and inp.reply.strip() and not _TOOL.search(inp.reply):
             names.insert(0, "no_tool")
+        self.tally.record(ok=True)
         if not names:
             return CoachResult(None, "none", "no cue")
         cats = self.categories(f"{inp.reasoning}\n{inp.next_utterance}")
@@ -259,6 +273,11 @@ class OpenAICoach:
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
         self.max_history_chars = max_history_chars
         self.chat = ChatEndpoint(endpoint, client, backoff_s=self.backoff_s)
+        self.tally = Tally()
+
+    def failure_counts(self, reset: bool = False) -> dict[str, int]:
+        """Outcome counts by reason (module docstring); ``reset`` starts a new tally."""
+        return self.tally.counts(reset)
 
     def close(self) -> None:
         self.chat.close()
@@ -270,9 +289,12 @@ class OpenAICoach:
     def coach(self, inp: CoachInput) -> CoachResult:
         res = self.chat.call(self.request_body(inp), _note_answer)
         if res.ok:
+            self.tally.record(ok=True, recovered_retries=res.recovered_retries)
             res.value.recovered_retries = res.recovered_retries
             return res.value
-        return CoachResult(None, "failure", res.failure.detail, transient=res.failure.transient)
+        f = res.failure
+        self.tally.record(ok=False, reason=f.reason, transient=f.transient)
+        return CoachResult(None, "failure", f.detail, transient=f.transient, reason=f.reason)
 
 
 def _note_answer(payload: dict[str, Any]) -> CoachResult:

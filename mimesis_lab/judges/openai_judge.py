@@ -6,7 +6,10 @@ through the shared retry loop (:meth:`mimesis_lab.endpoint.ChatEndpoint.call`), 
 :func:`validate_verdict` and retries a bad answer, a timeout, a transport error or an HTTP 429/5xx at most
 ``endpoint.max_retries`` times (``k * backoff_s`` between tries). It never raises: the result is a
 :class:`~mimesis_lab.judges.verdict.Verdict` (``recovered_retries`` counts the failed tries before it) or a
-:class:`~mimesis_lab.judges.verdict.JudgeFailure` (``judge_failure`` | ``timeout``, and ``transient``).
+:class:`~mimesis_lab.judges.verdict.JudgeFailure` (``judge_failure`` | ``timeout``, ``transient``, and ``kind``:
+the endpoint's failure reason). ``judge(req, deadline=t)`` stops its retries at ``t`` (``timeout``).
+``workers`` and ``deadline_s`` are read by :func:`mimesis_lab.rollout.sim_rollout.score_rollouts`, which
+judges a batch on ``workers`` threads under one ``deadline_s``.
 :func:`judge_messages` builds the prompt (the user's private reasoning only when a private log is given).
 Build either judge kind with :func:`mimesis_lab.judges.behavior_judge.make_judge`.
 """
@@ -36,6 +39,8 @@ VERDICT_SCHEMA: dict[str, Any] = {
 RESPONSE_FORMAT: dict[str, Any] = {
     "type": "json_schema", "json_schema": {"name": "behavior_verdict", "strict": True, "schema": VERDICT_SCHEMA}}
 RETRY_BACKOFF_S = 1.0
+WORKERS = 8              # concurrent judge calls of one batch
+DEADLINE_S = 900.0       # overall seconds for one batch's judge calls (then the rest are invalid ``timeout``)
 
 
 def validate_verdict(obj: Any) -> Verdict:
@@ -93,9 +98,13 @@ class OpenAIJudge:
 
     kind = "openai"
 
-    def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float | None = None):
+    def __init__(self, endpoint: OpenAIEndpoint, client: httpx.Client | None = None, backoff_s: float | None = None,
+                 workers: int = WORKERS, deadline_s: float = DEADLINE_S):
+        if workers < 1 or deadline_s <= 0:
+            raise ValueError(f"workers must be >= 1 and deadline_s > 0, got {workers}, {deadline_s}")
         self.endpoint = endpoint
         self.backoff_s = RETRY_BACKOFF_S if backoff_s is None else backoff_s
+        self.workers, self.deadline_s = workers, deadline_s
         self.chat = ChatEndpoint(endpoint, client, backoff_s=self.backoff_s)
 
     def close(self) -> None:
@@ -105,14 +114,15 @@ class OpenAIJudge:
         return {"model": self.endpoint.model, "temperature": self.endpoint.temperature,
                 "messages": judge_messages(req), "response_format": RESPONSE_FORMAT}
 
-    def judge(self, req: BehaviorJudgeRequest) -> Verdict | JudgeFailure:
+    def judge(self, req: BehaviorJudgeRequest, *, deadline: float | None = None) -> Verdict | JudgeFailure:
         bad = check_request(req)
         if bad:
-            return JudgeFailure("judge_failure", bad)
-        res = self.chat.call(self.request_body(req), json_answer(validate_verdict))
+            return JudgeFailure("judge_failure", bad, kind="request")
+        res = self.chat.call(self.request_body(req), json_answer(validate_verdict), deadline=deadline)
         if not res.ok:
             f = res.failure
-            return JudgeFailure("timeout" if f.reason == "timeout" else "judge_failure", f.detail, f.transient)
+            return JudgeFailure("timeout" if f.reason in ("timeout", "deadline") else "judge_failure", f.detail,
+                                f.transient, f.reason)
         v = res.value
         v.recovered_retries = res.recovered_retries
         if req.behavior_id == "N":

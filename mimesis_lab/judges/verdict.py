@@ -49,6 +49,7 @@ class JudgeFailure:
     reason: str  # "judge_failure" | "timeout"
     detail: str
     transient: bool = False  # the endpoint's retries ran out on a timeout / transport error / 429 / 5xx
+    kind: str = ""  # the endpoint failure's reason (timeout, deadline, http, transport, malformed, invalid, refusal)
 
     def __post_init__(self) -> None:
         if self.reason not in FAILURE_REASONS:

@@ -1,8 +1,9 @@
 """The privileged shim (SPEC §3.3.1): an OpenAI-compatible proxy that hides the simulator's reasoning.
 
 One shim sits in front of the simulator's server (``upstream``, an OpenAI base URL such as
-``http://127.0.0.1:8000/v1``). Each agent episode talks to the simulator through its own
-base URL ``{shim}/ep/{episode}/v1``:
+``http://127.0.0.1:8000/v1``). Its routes live under a per-run namespace ``{shim} =
+{root}/run/{nonce}`` (:attr:`PrivilegedShim.url`; ``nonce`` is random, drawn at start) and each
+agent episode talks to the simulator through its own base URL ``{shim}/ep/{episode}/v1``:
 
 - ``POST /ep/{episode}/v1/chat/completions`` forwards the body to ``{upstream}/chat/completions``,
   splits every choice's content ``<think>reasoning</think>utterance``, stores choice 0's
@@ -10,12 +11,13 @@ base URL ``{shim}/ep/{episode}/v1``:
   public utterance only. ``reasoning_content``/``reasoning`` fields (vLLM reasoning parsers)
   are moved to the buffer the same way, and token ``logprobs`` are dropped (their tokens
   would spell the reasoning). ``stream=true`` is refused (400).
-- ``GET /ep/{episode}/privileged`` → ``{"episode", "reasoning": [...], "turns", "finished"}``.
-- ``POST /ep/{episode}/finish`` marks the episode finished: the buffer stays readable, takes no
-  more turns, and is the first to go under memory pressure. ``DELETE /ep/{episode}`` removes it
+- ``GET {shim}/ep/{episode}/privileged`` → ``{"episode", "reasoning": [...], "turns", "finished"}``.
+- ``POST {shim}/ep/{episode}/finish`` marks the episode finished: the buffer stays readable, takes no
+  more turns, and is the first to go under memory pressure. ``DELETE {shim}/ep/{episode}`` removes it
   now and answers its final buffer (a turn still in flight then is lost with it); the id may
-  be reused afterwards as a fresh episode.
-- ``GET /ep/{episode}/v1/models`` is passed through; ``GET /health`` gives :meth:`stats`.
+  be reused afterwards as a fresh episode. These three are *privileged* (see Access below).
+- ``GET {shim}/ep/{episode}/v1/models`` is passed through; ``GET /health`` (at the root or under
+  ``{shim}``) gives :meth:`stats`.
 
 **Turn alignment** (SPEC §5 gap: the reference appended only replies that had reasoning).
 Every successful turn appends exactly one entry, ``""`` when the reply had no reasoning, so
@@ -33,6 +35,28 @@ with the reasoning stored — the caller decides what an empty user reply means.
 **Isolation.** A buffer is addressed only by its own id (``[A-Za-z0-9_.:-]{1,128}``, else
 400); there is no route that lists ids or reads another episode; :meth:`stats` holds counts only.
 
+**Access** (threat model). The shim binds loopback, but every process on the machine can reach
+loopback: another user's job, a tool an agent runs, a second pipeline. Episode ids are guessable
+(training uses ``s{step}g{group}r{k}``). Without control such a client could read any episode's
+reasoning (the data the shim exists to hide), finish or delete a live episode (its turns then fail
+or restart at 0), or post turns into it (the buffer no longer lines up with the agent's turns, or
+the episode hits ``max_turns``), or fill the table so real episodes are evicted. So:
+
+- the *privileged* routes (``/privileged``, ``/finish``, ``DELETE``) need ``Authorization: Bearer
+  <token>``: :attr:`PrivilegedShim.token`, a random per-run secret held by whoever started the shim
+  (the trainer; in-process callers use :meth:`~PrivilegedShim.privileged`, :meth:`~PrivilegedShim.finish`,
+  :meth:`~PrivilegedShim.delete` and need no HTTP). No header answers 401, a wrong token 403, both
+  before the episode is looked up (no existence oracle); the comparison is constant-time;
+- the chat routes stay open to the gym's user client (they only ever answer public text), but only
+  under the random run namespace: ``/run/{nonce}/ep/...`` with any other nonce, or ``/ep/...`` without
+  one, answers 404 like any unknown route. Knowing an episode id is not enough to reach it; the
+  nonce travels only inside the episode URLs the trainer hands to its user clients;
+- a chat request whose ``Authorization`` is the shim token is forwarded upstream without it (the
+  token never leaves the shim).
+
+What it does not defend against: a process that can read the trainer's memory or environment (the
+same user), or anyone on the path of a non-loopback ``host`` (plain HTTP).
+
 **Bounded memory.** At most ``max_episodes`` live buffers: a new episode evicts the least
 recently used *finished* episode, else the least recently used *idle* one (no request in
 flight, idle for ``idle_evict_s``); if every live episode is busy the new one gets 503.
@@ -43,13 +67,21 @@ the cut ones) and request bodies are limited by the HTTP layer.
 
 Binds 127.0.0.1 by default: the buffer holds the simulator's private reasoning.
 
-    python -m mimesis_lab.rollout.shim --upstream http://127.0.0.1:8000/v1 [--host 127.0.0.1] [--port 8100]
+    python -m mimesis_lab.rollout.shim --upstream http://127.0.0.1:8000/v1 [--host 127.0.0.1] [--port 8100] \
+        [--credentials shim.json]
+
+The CLI writes ``{"url": <namespace URL>, "token": <token>}`` to ``--credentials`` (mode 0600;
+without it, that JSON is the first line on stdout) for the client that reads the buffers.
 """
 from __future__ import annotations
 
 import argparse
+import hmac
+import json
 import logging
+import os
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -65,7 +97,7 @@ __all__ = ["EPISODE_ID_RE", "InvalidEpisodeId", "PrivilegedShim", "split_reasoni
 
 log = logging.getLogger(__name__)
 EPISODE_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-_ROUTE_RE = re.compile(r"^/ep/([^/]*)(/.*)?$")
+_ROUTE_RE = re.compile(r"^/run/([^/]*)/ep/([^/]*)(/.*)?$")
 _BLOCK_RE = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 
 
@@ -124,8 +156,10 @@ class PrivilegedShim(BackgroundHTTPServer):
 
     def __init__(self, upstream_base_url: str, host: str = "127.0.0.1", port: int = 0, max_episodes: int = 1024,
                  timeout_s: float = 60, max_turns: int = 512, max_reasoning_chars: int = 65536,
-                 idle_evict_s: float = 0.0, max_connections: int = 256):
+                 idle_evict_s: float = 0.0, max_connections: int = 256, token: str | None = None):
         super().__init__(host, port)
+        self.token = token or secrets.token_urlsafe(32)      # the privileged routes' bearer token
+        self.nonce = secrets.token_urlsafe(16)               # the run namespace of every episode URL
         if max_episodes < 1 or max_turns < 1:
             raise ValueError("max_episodes and max_turns must be >= 1")
         self.upstream = upstream_base_url.rstrip("/")
@@ -141,16 +175,22 @@ class PrivilegedShim(BackgroundHTTPServer):
         self._tombstone_cap = max(4096, 4 * max_episodes)
         self._stats = dict.fromkeys(("requests", "turns", "upstream_errors", "bad_requests", "evictions",
                                      "rejected_busy", "rejected_gone", "format_failures", "truncated",
-                                     "rolled_back", "deleted"), 0)
+                                     "rolled_back", "deleted", "unauthorized"), 0)
 
     # -- public API
     @property
     def url(self) -> str:
-        return self.root
+        """The run namespace ``{root}/run/{nonce}``: episode base URLs are ``{url}/ep/{episode}/v1``."""
+        return f"{self.root}/run/{self.nonce}"
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The header the privileged HTTP routes need."""
+        return {"Authorization": f"Bearer {self.token}"}
 
     def episode_url(self, episode: str) -> str:
         """The OpenAI base URL of one episode: ``{shim}/ep/{episode}/v1``."""
-        return f"{self.root}/ep/{self._check_id(episode)}/v1"
+        return f"{self.url}/ep/{self._check_id(episode)}/v1"
 
     def privileged(self, episode: str) -> list[str]:
         """The episode's reasoning entries in turn order (``KeyError`` if unknown or evicted)."""
@@ -190,6 +230,17 @@ class PrivilegedShim(BackgroundHTTPServer):
         if not isinstance(episode, str) or not EPISODE_ID_RE.fullmatch(episode):
             raise InvalidEpisodeId(episode)
         return episode
+
+    def _authorize(self, handler) -> None:
+        """401 without a bearer token, 403 with a wrong one (constant-time comparison)."""
+        got = handler.headers.get("Authorization") or ""
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            self._count("unauthorized")
+            raise HTTPError(401, "this route needs 'Authorization: Bearer <shim token>'", "unauthorized")
+        if not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            self._count("unauthorized")
+            raise HTTPError(403, "wrong shim token", "forbidden")
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -241,8 +292,9 @@ class PrivilegedShim(BackgroundHTTPServer):
     def _forward(self, handler, body: dict) -> dict:
         """POST upstream; a 502 :class:`HTTPError` on any failure (nothing is stored then)."""
         headers = {"Content-Type": "application/json"}
-        if handler.headers.get("Authorization"):
-            headers["Authorization"] = handler.headers["Authorization"]
+        auth = handler.headers.get("Authorization")
+        if auth and not hmac.compare_digest(auth.partition(" ")[2].strip().encode(), self.token.encode()):
+            headers["Authorization"] = auth          # the upstream's key; the shim token never leaves
         try:
             resp = self._client.post(f"{self.upstream}/chat/completions", json=body, headers=headers)
         except httpx.TimeoutException as e:
@@ -317,12 +369,12 @@ class PrivilegedShim(BackgroundHTTPServer):
             self._release(ep)
 
     def handle(self, handler, method: str, path: str):
-        if method == "GET" and path == "/health":
+        if method == "GET" and path in ("/health", f"/run/{self.nonce}/health"):
             return 200, {"status": "ok", **self.stats()}
         m = _ROUTE_RE.match(path)
-        if m is None:
+        if m is None or not hmac.compare_digest(m.group(1).encode(), self.nonce.encode()):
             raise HTTPError(404, f"no route for {method} {path}", "not_found")
-        episode, rest = m.group(1), m.group(2) or ""
+        episode, rest = m.group(2), m.group(3) or ""
         try:
             self._check_id(episode)
         except HTTPError:
@@ -331,6 +383,8 @@ class PrivilegedShim(BackgroundHTTPServer):
         if method == "POST" and rest == "/v1/chat/completions":
             self._chat(handler, episode)
             return None, None
+        if (method, rest) in (("GET", "/privileged"), ("POST", "/finish"), ("DELETE", ""), ("DELETE", "/")):
+            self._authorize(handler)
         if method == "GET" and rest == "/privileged":
             with self._lock:
                 ep, gone = self._episodes.get(episode), episode in self._tombstones
@@ -367,12 +421,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-episodes", type=int, default=1024)
     p.add_argument("--max-turns", type=int, default=512)
     p.add_argument("--timeout-s", type=float, default=60)
+    p.add_argument("--credentials", default=None,
+                   help="write {url, token} here (mode 0600); default: print it as the first stdout line")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)      # no line per forwarded request
     shim = PrivilegedShim(args.upstream, host=args.host, port=args.port, max_episodes=args.max_episodes,
                           timeout_s=args.timeout_s, max_turns=args.max_turns).start()
-    log.info("privileged shim at %s -> %s (episode base URL: %s/ep/<id>/v1)", shim.url, shim.upstream, shim.url)
+    creds = json.dumps({"url": shim.url, "token": shim.token})
+    if args.credentials:
+        fd = os.open(args.credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(creds + "\n")
+    else:
+        print(creds, flush=True)
+    log.info("privileged shim at %s -> %s (episode base URL: <url>/ep/<id>/v1; url and token: %s)", shim.root,
+             shim.upstream, args.credentials or "stdout")
     shim.serve_forever()
     return 0
 

@@ -20,7 +20,8 @@ What is not a task's business is decided here, and recorded, never hidden:
   episode continues on the public text, the rollout's update reward becomes 0 and its raw
   judged score is still logged (:func:`mimesis_lab.envs.output_format.update_reward`);
 - an exception inside the task or its partner → invalid ``env_error``;
-- a judge failure → invalid with the judge's reason (``judge_failure`` / ``timeout``).
+- a judge failure → invalid with the judge's reason (``judge_failure`` / ``timeout``); a judge call of a
+  concurrent batch not finished by the batch deadline → invalid ``timeout`` (:func:`score_rollouts`).
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from mimesis_lab.endpoint import Tally, map_with_deadline
 from mimesis_lab.envs.base import SimEpisode, TaskScore
 from mimesis_lab.envs.output_format import ParsedReply, parse_reply, public_text, strip_end_tokens
+from mimesis_lab.judges.verdict import JudgeFailure
 from mimesis_lab.rollout.backends import Generation, SamplingParams
 
 __all__ = ["Segment", "Rollout", "is_refusal", "run_episodes", "score_rollouts", "render_prompt"]
@@ -214,21 +217,77 @@ def run_episodes(
     return out
 
 
-def score_rollouts(rollouts: Sequence[Rollout], episodes: Sequence[SimEpisode], judge: Any) -> None:
+class _RecordingJudge:
+    """The judge as one episode sees it: forwards ``judge(req)`` (with the batch ``deadline``, when there
+    is one) and records every outcome in ``tally`` (failure reason, recovered retries)."""
+
+    def __init__(self, judge: Any, tally: Tally, deadline: float | None):
+        self.inner, self.tally, self.deadline = judge, tally, deadline
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def judge(self, req: Any) -> Any:
+        try:
+            out = self.inner.judge(req) if self.deadline is None else self.inner.judge(req, deadline=self.deadline)
+        except Exception:
+            self.tally.record(ok=False, reason="exception")
+            raise
+        if isinstance(out, JudgeFailure):
+            self.tally.record(ok=False, reason=out.kind or out.reason, transient=out.transient)
+        else:
+            self.tally.record(ok=True, recovered_retries=int(getattr(out, "recovered_retries", 0) or 0))
+        return out
+
+
+def _score_one(ep: SimEpisode, judge: Any, tally: Tally, deadline: float | None) -> TaskScore:
+    try:
+        return ep.score(_RecordingJudge(judge, tally, deadline) if hasattr(judge, "judge") else judge)
+    except Exception as e:
+        return TaskScore.failed("env_error", f"score: {type(e).__name__}: {e}")
+
+
+def score_rollouts(rollouts: Sequence[Rollout], episodes: Sequence[SimEpisode], judge: Any, *,
+                   workers: int | None = None, deadline_s: float | None = None) -> dict[str, float]:
     """Judge every valid finished rollout in place; judge failures make it invalid with their reason.
 
     A rollout that ended on a format failure before any public turn has nothing to judge: it stays
     valid, unscored (``raw`` is ``None``) with update reward 0.
+
+    A remote judge (``workers`` > 1: the LLM judge, default ``judge.workers`` and ``judge.deadline_s``)
+    is called for the whole batch at once on ``workers`` threads, under one overall deadline of
+    ``deadline_s`` seconds that each call's retries honour; a rollout whose judging is not finished by
+    then is invalid ``timeout`` ("the batch deadline … passed"), never 0. Any other judge (the offline
+    rule judge) runs sequentially in rollout order, deterministic.
+
+    Returns the batch's judge metrics (MLflow names, counts summable across ranks): ``judge/calls``,
+    ``judge/ok``, ``judge/failures`` and ``judge/failures/<reason>`` (the endpoint's reason: ``http``,
+    ``transport``, ``timeout``, ``deadline``, ``malformed``, ``invalid``, ``refusal``; ``late`` for a call
+    unfinished at the deadline), ``judge/failures_transient``, ``judge/recovered_retries`` (failed
+    attempts that a retry recovered) and ``judge/wall_s``.
     """
-    for r, ep in zip(rollouts, episodes):
-        if r.invalid is not None:
-            continue
-        if r.ended_by_format_failure and ep.n_sim_turns == 0:
-            continue
-        try:
-            s = ep.score(judge)
-        except Exception as e:
-            s = TaskScore.failed("env_error", f"score: {type(e).__name__}: {e}")
+    todo = [(r, ep) for r, ep in zip(rollouts, episodes)
+            if r.invalid is None and not (r.ended_by_format_failure and ep.n_sim_turns == 0)]
+    tally = Tally()
+    workers = getattr(judge, "workers", 1) if workers is None else workers
+    t0 = time.perf_counter()
+    if workers > 1 and len(todo) > 1:
+        deadline_s = getattr(judge, "deadline_s", None) if deadline_s is None else deadline_s
+        if deadline_s is None:
+            raise ValueError("a concurrent judge batch needs deadline_s")
+        batch = map_with_deadline(lambda item, deadline: _score_one(item[1], judge, tally, deadline), todo,
+                                  workers=workers, deadline_s=deadline_s)
+        scores = batch.results
+        for i in batch.late:
+            tally.record(ok=False, reason="late", transient=True)
+            scores[i] = TaskScore.failed("timeout", f"the judge batch deadline of {deadline_s:g}s passed before this "
+                                                    f"rollout was judged ({len(batch.late)} of {len(todo)} late)")
+    else:
+        scores = [_score_one(ep, judge, tally, None) for _, ep in todo]
+    for (r, _), s in zip(todo, scores):
         r.score = s
         if s.invalid is not None:
             _set_invalid(r, s.invalid, s.detail)
+    metrics = {f"judge/{k}": float(v) for k, v in tally.counts().items()}
+    metrics["judge/wall_s"] = time.perf_counter() - t0
+    return metrics

@@ -6,7 +6,10 @@ shared retry loop (:meth:`mimesis_lab.endpoint.ChatEndpoint.call`) and returns t
 
 In training the endpoint is the episode's own base URL on the privileged shim
 (:mod:`mimesis_lab.rollout.shim`): ``{shim}/ep/{episode}/v1``. Pass either that URL, or the
-shim root together with ``episode`` (the episode URL is then built, see :func:`episode_base_url`).
+shim's :attr:`~mimesis_lab.rollout.shim.PrivilegedShim.url` together with ``episode`` (the episode URL
+is then built, see :func:`episode_base_url`). Reading the episode's buffer over HTTP
+(:meth:`EndpointUser.privileged`, :meth:`EndpointUser.finish`) needs the shim's token
+(``privileged_token``); the chat turns do not.
 The shim already removes the reasoning; ``respond`` applies
 :func:`~mimesis_lab.envs.output_format.public_text` again, so even a direct (unshimmed)
 endpoint never passes ``<think>`` text to the agent.
@@ -50,14 +53,17 @@ class EndpointUser:
     ``backoff_s * 2 ** (k - 1)`` before retry ``k``; an answer the shim accepted is never retried
     (the shim stored that turn's reasoning), so a reply without content fails at once. The API key is
     read from the environment variable ``api_key_env`` (none is sent when it is unset or not given).
+    ``privileged_token`` is the shim's :attr:`~mimesis_lab.rollout.shim.PrivilegedShim.token`, sent only
+    by :meth:`privileged` and :meth:`finish` (without it the shim answers 401 and they raise).
     ``calls``/``errors`` count requests and failed replies; ``recovered_retries`` the failed tries
     that a later try of the same reply recovered.
     """
 
     def __init__(self, base_url: str, model: str, episode: str | None = None,
                  sampling: SamplingParams | None = None, timeout_s: float = 120, max_retries: int = 2,
-                 api_key_env: str | None = None, backoff_s: float = 0.5):
+                 api_key_env: str | None = None, backoff_s: float = 0.5, privileged_token: str | None = None):
         self.episode = episode
+        self.privileged_token = privileged_token
         self.base_url = episode_base_url(base_url, episode)
         self.model = model
         self.sampling = sampling or SamplingParams(max_new_tokens=256, temperature=0.7)
@@ -106,15 +112,19 @@ class EndpointUser:
             raise ValueError("this EndpointUser is not bound to a shim episode")
         return self.base_url[: -len("/v1")]
 
+    def _privileged_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.privileged_token}"} if self.privileged_token else {}
+
     def privileged(self) -> list[str]:
-        """This episode's reasoning entries from the shim (``GET {shim}/ep/{episode}/privileged``)."""
-        resp = self.chat.client.get(f"{self._episode_root()}/privileged", headers=self.chat.headers)
+        """This episode's reasoning entries from the shim (``GET {shim}/ep/{episode}/privileged``,
+        with the shim token)."""
+        resp = self.chat.client.get(f"{self._episode_root()}/privileged", headers=self._privileged_headers())
         resp.raise_for_status()
         return list(resp.json()["reasoning"])
 
     def finish(self) -> None:
-        """Mark the episode finished on the shim (its buffer stays readable until evicted)."""
-        self.chat.client.post(f"{self._episode_root()}/finish", headers=self.chat.headers).raise_for_status()
+        """Mark the episode finished on the shim (its buffer stays readable until evicted; needs the token)."""
+        self.chat.client.post(f"{self._episode_root()}/finish", headers=self._privileged_headers()).raise_for_status()
 
     def close(self) -> None:
         self.chat.close()
