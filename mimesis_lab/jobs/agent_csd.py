@@ -354,6 +354,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
             # 3. L = L_PPO + alpha * L_CSD
             upd = csd_update(engine, rows, csd, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
             counts = gather(csd.metrics())
+            coach_counts = gather(csd.coach.failure_counts(reset=True))
             all_trajs = [t for part in gather(batch.trajs) for t in part]
             all_priv = {k: v for part in gather(batch.privileged) for k, v in part.items()}
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats}
@@ -365,6 +366,9 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
                     if summed["csd/turns"] else 0.0
                 metrics.update(summed)
                 metrics["csd/post_pass_time_s"] = t_post
+                for part in coach_counts:          # the coach's outcomes by reason, summed over ranks
+                    for k, v in part.items():
+                        metrics[f"coach/{k}"] = metrics.get(f"coach/{k}", 0.0) + float(v)
                 records = [{**t.to_json(), "privileged": all_priv.get(t.traj_id, [])} for t in all_trajs]
             step += 1
             run.end_step(step, metrics, records, t0)

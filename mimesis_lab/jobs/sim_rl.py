@@ -123,12 +123,13 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
                                     max_prompt_tokens=cfg.rollout.max_prompt_tokens)
             t_roll = time.perf_counter() - t0
             # 3. judge; 4. FoldGRPO rows and the PPO-clip update
-            score_rollouts(rollouts, episodes, judge)
+            judged = score_rollouts(rollouts, episodes, judge)      # judge/* counts: failures by reason, retries
             rows, bstats = build_update_rows(rollouts, cfg.invalid_policy, cfg.adv_eps)
             upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
             # 5. metrics (rank 0 sees every rank's rollouts)
             all_rollouts = [r for part in gather(rollouts) for r in part]
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats if k != "adv_abs_mean"}
+            judged_all = gather(judged)
             metrics, records = None, []
             if rank == 0:
                 metrics = step_metrics(all_rollouts)
@@ -136,6 +137,9 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
                     raise AccountingError(f"step {step + 1}: {metrics['rollouts']} rollouts, expected "
                                           f"{cfg.prompts_per_step * cfg.rollouts_per_prompt}")
                 metrics.update({f"batch/{k}": v for k, v in bsum.items()})
+                for part in judged_all:            # summed over ranks (counts)
+                    for k, v in part.items():
+                        metrics[k] = metrics.get(k, 0.0) + float(v)
                 metrics.update(upd)
                 metrics.update({"lr": lr, "rollout_time_s": t_roll,
                                 "episodes_per_s": len(all_rollouts) / max(t_roll, 1e-9)})
