@@ -26,6 +26,7 @@ from mimesis_lab.config import OpenAIEndpoint
 from mimesis_lab.endpoint import AnswerError, ChatEndpoint, chat_content
 from mimesis_lab.envs.gyms.base import UserReply
 from mimesis_lab.envs.output_format import public_text
+from mimesis_lab.rollout.sim_rollout import is_refusal
 from mimesis_lab.rollout.backends import SamplingParams, sampling_body
 
 __all__ = ["EndpointUser", "episode_base_url", "SHIM_MARGIN_S"]
@@ -97,12 +98,19 @@ class EndpointUser:
             self.errors += 1
             f = res.failure
             kind = "timeout" if f.reason == "timeout" or "timeout" in f.detail.lower() else "error"
-            return UserReply(None, f"user endpoint {kind}: {f.detail}", transient=f.transient)
+            if f.reason == "refusal":
+                return UserReply(None, f"user endpoint refusal: {f.detail}", reason="refusal")
+            return UserReply(None, f"user endpoint {kind}: {f.detail}", transient=f.transient,
+                             reason="timeout" if kind == "timeout" else "user_error")
         self.recovered_retries += res.recovered_retries
         text = public_text(res.value)
         if not text:
             self.errors += 1
-            return UserReply(None, "user endpoint returned an empty public reply")
+            return UserReply(None, "user endpoint returned an empty public reply", reason="user_error")
+        if is_refusal(text):         # the model declined to play the user: invalid, never a reply to score
+            self.errors += 1
+            return UserReply(None, f"user endpoint refusal: the model declined the user role: {text[:160]!r}",
+                             reason="refusal")
         self.replies.append(text)
         return UserReply(text)
 

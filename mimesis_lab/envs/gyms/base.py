@@ -56,6 +56,7 @@ class UserReply:
     text: str | None
     error: str | None = None
     transient: bool = False
+    reason: str | None = None     # the invalid reason when known (``refusal``, ``timeout``, ``user_error``)
 
 
 class UserSideError(RuntimeError):
@@ -185,7 +186,8 @@ class Gym(ABC):
             view.append({"role": "user" if m["role"] == "agent" else "assistant", "content": m["content"]})
         reply = self.user.respond(view)
         if reply.text is None or not reply.text.strip():
-            reason = "timeout" if reply.error and "timeout" in reply.error.lower() else "user_error"
+            reason = getattr(reply, "reason", None) or \
+                ("timeout" if reply.error and "timeout" in reply.error.lower() else "user_error")
             raise UserSideError(reason, reply.error or "empty user reply",
                                 transient=reason == "timeout" or bool(getattr(reply, "transient", False)))
         self.dialogue.append({"role": "user", "content": reply.text.strip()})
