@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -146,6 +146,12 @@ class TransformersBackend:
     the same ids as each prompt alone — tested). Sampling uses one ``torch.Generator`` per
     prompt seeded with ``seed + index`` (index within the call), so results do not depend on
     ``batch_size``. ``seed=None`` draws from the global torch RNG.
+
+    ``seeds`` (``generate``/``generate_ids``, optional, one per prompt) overrides ``seed + index``
+    with each prompt's own seed: a server that batches independent requests passes each request's
+    seed, so a request samples the same tokens whichever requests share its call (up to the
+    floating-point noise of padding; tested). A ``None`` entry in ``seeds`` gets a seed drawn
+    from the global torch RNG.
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 8, prefix_cache_tokens: int = 0):
@@ -180,18 +186,23 @@ class TransformersBackend:
             self.prefix_cache.clear()
 
     # -- API
-    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[dict]], params: SamplingParams,
+                 seeds: Sequence[int | None] | None = None) -> list[Generation]:
         rendered: list[list[int] | Generation] = []
         for messages in prompts:
             try:
                 rendered.append(_render_chat(self.tokenizer, messages))
             except Exception as e:  # a bad prompt is data, not a crash of the batch
                 rendered.append(Generation.failed(f"chat template failed: {type(e).__name__}: {e}"))
-        ids = [r for r in rendered if not isinstance(r, Generation)]
-        gens = iter(self.generate_ids(ids, params))
+        keep = [k for k, r in enumerate(rendered) if not isinstance(r, Generation)]
+        ids = [rendered[k] for k in keep]
+        gens = iter(self.generate_ids(ids, params, None if seeds is None else [seeds[k] for k in keep]))
         return [r if isinstance(r, Generation) else next(gens) for r in rendered]
 
-    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
+                     seeds: Sequence[int | None] | None = None) -> list[Generation]:
+        if seeds is not None and len(seeds) != len(prompt_ids):
+            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompt_ids)} prompts")
         out: list[Generation | None] = [None] * len(prompt_ids)
         todo = []
         for i, p in enumerate(prompt_ids):
@@ -210,7 +221,7 @@ class TransformersBackend:
                 idx = todo[start:start + self.batch_size]
                 batch = [[int(t) for t in prompt_ids[i]] for i in idx]
                 try:
-                    results = self._generate_batch(batch, idx, params, stop)
+                    results = self._generate_batch(batch, self._row_seeds(idx, params, seeds), params, stop)
                 except (RuntimeError, ValueError, IndexError) as e:
                     results = [Generation.failed(f"{type(e).__name__}: {e}", b) for b in batch]
                 for i, g in zip(idx, results):
@@ -220,8 +231,21 @@ class TransformersBackend:
         return out  # type: ignore[return-value]
 
     # -- internals
+    @staticmethod
+    def _row_seeds(idx: list[int], params: SamplingParams,
+                   seeds: Sequence[int | None] | None) -> list[int] | None:
+        """Each row's sampling seed (``None``: unseeded rows, drawn with the global RNG)."""
+        if params.temperature == 0:
+            return None
+        if seeds is None:
+            return None if params.seed is None else [int(params.seed) + i for i in idx]
+        row = [seeds[i] for i in idx]
+        if all(s is None for s in row):
+            return None
+        return [int(s) if s is not None else int(torch.randint(0, 2**62, (1,)).item()) for s in row]
+
     @torch.inference_mode()
-    def _generate_batch(self, batch: list[list[int]], idx: list[int], params: SamplingParams,
+    def _generate_batch(self, batch: list[list[int]], row_seeds: list[int] | None, params: SamplingParams,
                         stop: set[int]) -> list[Generation]:
         device = next(self.model.parameters()).device
         n, width = len(batch), max(len(b) for b in batch)
@@ -277,11 +301,11 @@ class TransformersBackend:
         else:
             attn = attn_s
         gens = None
-        if params.temperature > 0 and params.seed is not None:
+        if row_seeds is not None:
             gens = []
-            for i in idx:
+            for seed in row_seeds:
                 g = torch.Generator(device=device)
-                g.manual_seed(int(params.seed) + i)
+                g.manual_seed(seed)
                 gens.append(g)
 
         tokens: list[list[int]] = [[] for _ in range(n)]
