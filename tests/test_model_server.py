@@ -46,7 +46,8 @@ def model(tok):
 @pytest.fixture(scope="module")
 def server(model, tok):
     # a wide window: the concurrent requests of a test land in one batch even on a loaded machine
-    srv = ModelServer(model, tok, model_name="tiny", max_batch=8, batch_wait_ms=300).start()
+    srv = ModelServer(model, tok, model_name="tiny", max_batch=8, batch_wait_ms=100,
+                      max_batch_wait_ms=1000).start()
     yield srv
     srv.stop()
 

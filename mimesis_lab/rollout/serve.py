@@ -19,11 +19,13 @@ missing/invalid ``messages`` list or invalid sampling values give HTTP 400 with
 ``{"error": {"message", "type", "code"}}``; a failed generation gives HTTP 500.
 
 **Micro-batching.** Concurrent requests are generated together: every request is tokenised in
-its own handler thread and queued; one generation thread takes the first queued request, waits
-up to ``batch_wait_ms`` (or until ``max_batch`` requests are queued) for more, and generates
-them with one :meth:`TransformersBackend.generate_ids` call per group of identical sampling
-settings (``max_tokens``, ``temperature``, ``top_p``, ``stop_token_ids``). Requests that arrive
-while a batch runs are queued for the next one. Each request samples with its own ``seed``
+its own handler thread and queued; one generation thread takes the first queued request and
+gathers more until ``max_batch`` are queued, or none arrived for ``batch_wait_ms`` and none is
+being read (a burst of requests is taken whole, however its arrivals spread), or
+``max_batch_wait_ms`` after the first; then it generates them with one
+:meth:`TransformersBackend.generate_ids` call per group of identical sampling settings
+(``max_tokens``, ``temperature``, ``top_p``, ``stop_token_ids``). Requests that arrive while a
+batch runs are queued for the next one. Each request samples with its own ``seed``
 (passed per row, not ``seed + row``), so a seeded or greedy request gets the same tokens
 whichever requests shared its batch, up to the floating-point noise of left padding (tested:
 greedy and seeded results batched == alone); a request without ``seed`` draws from the global
@@ -450,25 +452,29 @@ class ModelServer(BackgroundHTTPServer):
 
     ``url`` is the OpenAI base URL ``http://127.0.0.1:<port>/v1``. ``max_tokens_cap`` bounds a
     request's ``max_tokens`` (HTTP 400 above it). Concurrent requests are micro-batched (module
-    docstring): up to ``max_batch`` per generation call, gathered for at most ``batch_wait_ms``
-    after the first one; ``max_batch=1`` generates one request at a time. ``max_connections``,
+    docstring): up to ``max_batch`` per generation call, gathered while they keep arriving (gaps
+    under ``batch_wait_ms``), for at most ``max_batch_wait_ms``; ``max_batch=1`` generates one
+    request at a time. ``max_connections``,
     ``body_timeout_s``, ``max_body``: see :class:`BackgroundHTTPServer`. ``stats()`` counts
     requests, errors, generation calls (``batches``) and the requests they held
     (``batched_requests``, ``max_batch_seen``).
     """
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, model_name: str = "local",
-                 max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = 5.0, **http_kw):
+                 max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = 5.0,
+                 max_batch_wait_ms: float = 50.0, **http_kw):
         super().__init__(host, port, **http_kw)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if batch_wait_ms < 0:
-            raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
+        if not 0 <= batch_wait_ms <= max_batch_wait_ms:
+            raise ValueError(f"need 0 <= batch_wait_ms <= max_batch_wait_ms, got {batch_wait_ms}, {max_batch_wait_ms}")
         self.backend = TransformersBackend(model, tokenizer, batch_size=max_batch)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_tokens_cap = max_tokens_cap
-        self.max_batch, self.batch_wait_s = max_batch, batch_wait_ms / 1000.0
+        self.max_batch, self.batch_wait_s, self.max_wait_s = max_batch, batch_wait_ms / 1e3, max_batch_wait_ms / 1e3
+        self._arriving = 0                    # generation requests being read/tokenised, not yet queued
+        self._local = threading.local()
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._tok_lock = threading.Lock()     # one tokeniser, many handler threads
@@ -518,8 +524,17 @@ class ModelServer(BackgroundHTTPServer):
         super().stop()
 
     # -- the micro-batching queue
+    def _arrival(self, delta: int) -> None:
+        """Count this handler thread's request in (+1) or out (-1) of ``_arriving`` (once each)."""
+        if (delta > 0) == bool(getattr(self._local, "arriving", False)):
+            return
+        self._local.arriving = delta > 0
+        with self._stats_lock:
+            self._arriving += delta
+
     def _submit(self, ids: list[int], params: SamplingParams) -> Generation:
         """Queue one prompt and wait for its generation (raises 503 if the server stops first)."""
+        self._arrival(-1)
         if self._worker is None or not self._worker.is_alive():
             raise HTTPError(503, "the generation thread is not running", "server_error")
         req = _Request(ids, params)
@@ -535,18 +550,27 @@ class ModelServer(BackgroundHTTPServer):
         return req.gen
 
     def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
-        """``first`` plus what arrives within the batch window (up to ``max_batch``); ``True`` if the
-        stop sentinel was seen."""
-        batch, deadline = [first], time.monotonic() + self.batch_wait_s
+        """``first`` plus the requests that keep arriving (module docstring), up to ``max_batch``;
+        ``True`` if the stop sentinel was seen."""
+        batch = [first]
+        last = time.monotonic()
+        hard = last + self.max_wait_s
         while len(batch) < self.max_batch:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            until = last + self.batch_wait_s
+            if until <= now and self._arriving > 0:      # requests being read now are queued next
+                until = now + 0.002
+            left = min(until, hard) - now
             try:    # past the window, still take whatever is already queued
                 item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
+                if self._arriving > 0 and time.monotonic() < hard:
+                    continue
                 break
             if item is _STOP:
                 return batch, True
             batch.append(item)
+            last = time.monotonic()
         return batch, False
 
     def _generation_loop(self) -> None:
@@ -589,6 +613,7 @@ class ModelServer(BackgroundHTTPServer):
                                                      "created": 0, "owned_by": "mimesis_lab"}]}
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             self._count("requests")
+            self._arrival(+1)
             try:
                 body = handler.read_json()
                 if not isinstance(body, dict):
@@ -601,6 +626,8 @@ class ModelServer(BackgroundHTTPServer):
             except HTTPError as e:
                 self._count("bad_requests" if e.status < 500 else "generation_errors")
                 raise
+            finally:
+                self._arrival(-1)
         raise HTTPError(404, f"no route for {method} {path}", "not_found")
 
     def _sampling(self, body: dict) -> SamplingParams:
@@ -708,7 +735,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-batch", type=int, default=32, help="requests per generation call (1: one at a time)")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="a batch waits for more requests while they arrive less than this apart")
+    p.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="and never longer than this")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from mimesis_lab.models import load_model
@@ -718,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     srv = ModelServer(model, tok, host=args.host, port=args.port,
                       model_name=args.served_model_name or args.model, max_batch=args.max_batch,
-                      batch_wait_ms=args.batch_wait_ms).start()
+                      batch_wait_ms=args.batch_wait_ms, max_batch_wait_ms=args.max_batch_wait_ms).start()
     log.info("serving %s at %s", args.model, srv.url)
     srv.serve_forever()
     return 0
