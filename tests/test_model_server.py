@@ -169,6 +169,24 @@ def test_max_batch_one_is_serial(model, tok):
         ModelServer(model, tok, max_batch=0)
 
 
+def test_prefix_cache_reuses_an_episodes_earlier_turn(model, tok, server, client):
+    """With ``prefix_cache_tokens`` an episode's next user turn (its prompt extends the last one)
+    reuses the cached KV, and answers what the server without the cache answers."""
+    srv = ModelServer(model, tok, max_batch=4, prefix_cache_tokens=100_000).start()
+    try:
+        history = [{"role": "system", "content": "You are a customer. " * 6}, {"role": "user", "content": "hello"}]
+        for turn in range(3):
+            body = {"messages": history, "max_tokens": 6, "temperature": 0, "stop_token_ids": []}
+            cached = client.post(f"{srv.url}/chat/completions", json=body).json()
+            plain = client.post(f"{server.url}/chat/completions", json=body).json()
+            reply = cached["choices"][0]["message"]["content"]
+            assert reply == plain["choices"][0]["message"]["content"]
+            history += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"and {turn}?"}]
+        assert srv.backend.prefix_cache.hits >= 2
+    finally:
+        srv.stop()
+
+
 def test_stop_answers_queued_requests(model, tok):
     srv = ModelServer(model, tok, max_batch=4, batch_wait_ms=0).start()
     url = srv.url

@@ -454,7 +454,9 @@ class ModelServer(BackgroundHTTPServer):
     request's ``max_tokens`` (HTTP 400 above it). Concurrent requests are micro-batched (module
     docstring): up to ``max_batch`` per generation call, gathered while they keep arriving (gaps
     under ``batch_wait_ms``), for at most ``max_batch_wait_ms``; ``max_batch=1`` generates one
-    request at a time. ``max_connections``,
+    request at a time. ``prefix_cache_tokens`` > 0 keeps the KV of finished requests for later
+    prompts that extend them (an episode's next user turn; the weights are frozen), see
+    :class:`TransformersBackend`. ``max_connections``,
     ``body_timeout_s``, ``max_body``: see :class:`BackgroundHTTPServer`. ``stats()`` counts
     requests, errors, generation calls (``batches``) and the requests they held
     (``batched_requests``, ``max_batch_seen``).
@@ -462,13 +464,14 @@ class ModelServer(BackgroundHTTPServer):
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, model_name: str = "local",
                  max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = 5.0,
-                 max_batch_wait_ms: float = 50.0, **http_kw):
+                 max_batch_wait_ms: float = 50.0, prefix_cache_tokens: int = 0, **http_kw):
         super().__init__(host, port, **http_kw)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if not 0 <= batch_wait_ms <= max_batch_wait_ms:
             raise ValueError(f"need 0 <= batch_wait_ms <= max_batch_wait_ms, got {batch_wait_ms}, {max_batch_wait_ms}")
-        self.backend = TransformersBackend(model, tokenizer, batch_size=max_batch)
+        self.backend = TransformersBackend(model, tokenizer, batch_size=max_batch,
+                                           prefix_cache_tokens=prefix_cache_tokens)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_tokens_cap = max_tokens_cap
@@ -738,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="a batch waits for more requests while they arrive less than this apart")
     p.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="and never longer than this")
+    p.add_argument("--prefix-cache-tokens", type=int, default=0, help="KV cache kept across requests (0: off)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from mimesis_lab.models import load_model
@@ -747,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     srv = ModelServer(model, tok, host=args.host, port=args.port,
                       model_name=args.served_model_name or args.model, max_batch=args.max_batch,
-                      batch_wait_ms=args.batch_wait_ms, max_batch_wait_ms=args.max_batch_wait_ms).start()
+                      batch_wait_ms=args.batch_wait_ms, max_batch_wait_ms=args.max_batch_wait_ms,
+                      prefix_cache_tokens=args.prefix_cache_tokens).start()
     log.info("serving %s at %s", args.model, srv.url)
     srv.serve_forever()
     return 0
