@@ -204,6 +204,33 @@ def test_stop_answers_queued_requests(model, tok):
     assert all(c in (200, 503, "closed") for c in codes), codes   # every waiter got an answer, none hung
 
 
+def test_a_rounds_user_turns_reach_the_server_together(server, tok):
+    """End to end: ``run_agent_episodes`` steps a round's gyms concurrently, each gym asks its user
+    (EndpointUser → the shim, one episode URL each → this server), and the server generates the
+    round's user turns in fewer calls than turns — the shim does not serialise episodes."""
+    from mimesis_lab.rollout.agent_rollout import run_agent_episodes
+    from tests.test_agent_rollout import ROW, Guess, Scripted
+
+    shim = PrivilegedShim(server.url, timeout_s=60).start()
+    try:
+        n = 6
+        users = [EndpointUser(shim.url, "tiny", episode=f"round-{i}", timeout_s=60 + SHIM_MARGIN_S, max_retries=0,
+                              sampling=SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
+                 for i in range(n)]
+        before = server.stats()
+        out = run_agent_episodes([ROW] * n, [Guess({}, user=u) for u in users], [("g", f"round-{i}") for i in range(n)],
+                                 Scripted(tok, ["[action] is it red?"] * n + ["[answer] blue"] * n), tok,
+                                 SamplingParams(max_new_tokens=8), users=users)
+        after = server.stats()
+        assert after["requests"] - before["requests"] == n and shim.stats()["requests"] == n
+        assert after["batches"] - before["batches"] < n, (before, after)
+        assert all(t.invalid in (None, "user_error") for t in out)    # a random model may reply only reasoning
+        for u in users:
+            u.close()
+    finally:
+        shim.stop()
+
+
 # ----------------------------------------------------------------------------- hardening: JSON
 
 
