@@ -161,3 +161,74 @@ def test_agent_rows_carry_multiturn_advantages(tok):
     assert m["rollouts"] == 3 and m["invalid/env_error"] == 1 and m["reward/mean"] == pytest.approx(0.55)
     zero_rows, zstats = build_agent_rows(trajs + bad, invalid_policy="zero")
     assert zstats["trajectories_in_update"] == 3
+
+
+class _SlowUser:
+    """A user side that takes ``delay`` seconds per reply and records how many replies overlap."""
+
+    def __init__(self, shared, delay=0.3):
+        self.shared, self.delay, self.replies = shared, delay, []
+
+    def respond(self, messages):
+        import threading
+        import time
+
+        from mimesis_lab.envs.gyms.base import UserReply
+
+        with self.shared["lock"]:
+            self.shared["now"] += 1
+            self.shared["peak"] = max(self.shared["peak"], self.shared["now"])
+        time.sleep(self.delay)
+        with self.shared["lock"]:
+            self.shared["now"] -= 1
+        self.replies.append("no")
+        return UserReply("no")
+
+
+def test_a_rounds_gym_steps_reach_the_user_side_together(tok):
+    """The gym steps of one round run concurrently: 8 users taking 0.3 s each answer in about 0.3 s a
+    round, not 2.4 s; results are still applied per episode, in order."""
+    import threading
+    import time
+
+    shared = {"lock": threading.Lock(), "now": 0, "peak": 0}
+    users = [_SlowUser(shared) for _ in range(8)]
+    gyms = [Guess({}, user=u) for u in users]
+    t0 = time.perf_counter()
+    out = run_agent_episodes([ROW] * 8, gyms, [("g", f"t{i}") for i in range(8)],
+                             Scripted(tok, ["[action] red?"] * 8 + ["[answer] blue"] * 8), tok,
+                             SamplingParams(max_new_tokens=8), users=users)
+    wall = time.perf_counter() - t0
+    assert shared["peak"] == 8 and wall < 1.6, (shared["peak"], wall)
+    assert all(t.invalid is None and t.turn_rewards == [0.1, 1.0] for t in out)
+    assert [t.turns[0].user_replies for t in out] == [1] * 8
+
+    # step_workers bounds the threads; a step waiting for a free thread is not charged for the wait
+    shared.update(now=0, peak=0)
+    users = [_SlowUser(shared, delay=0.15) for _ in range(4)]
+    out = run_agent_episodes([ROW] * 4, [Guess({}, user=u) for u in users], [("g", f"u{i}") for i in range(4)],
+                             Scripted(tok, ["[action] red?"] * 4 + ["[answer] blue"] * 4), tok,
+                             SamplingParams(max_new_tokens=8), step_workers=2, step_timeout_s=0.4)
+    assert shared["peak"] == 2 and all(t.invalid is None for t in out), [t.invalid_detail for t in out]
+    with pytest.raises(ValueError):
+        run_agent_episodes([ROW], [Guess({})], [("g", "x")], Scripted(tok, []), tok, SamplingParams(), step_workers=0)
+
+
+def test_run_concurrently_timeouts():
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mimesis_lab.rollout.agent_rollout import _TIMED_OUT, run_concurrently
+
+    def boom():
+        raise KeyError("x")
+
+    with ThreadPoolExecutor(2) as pool:
+        t0 = time.monotonic()
+        out = run_concurrently(pool, [lambda: 1, lambda: time.sleep(0.6), boom], timeout_s=0.2)
+        assert out[0] == (1, None) and out[1] == (_TIMED_OUT, None) and isinstance(out[2][1], KeyError)
+        assert time.monotonic() - t0 < 0.5
+    with ThreadPoolExecutor(1) as pool:       # every thread stuck: a queued call times out too, no hang
+        t0 = time.monotonic()
+        out = run_concurrently(pool, [lambda: time.sleep(0.5), lambda: 2], timeout_s=0.15)
+        assert [o[0] for o in out] == [_TIMED_OUT, _TIMED_OUT] and time.monotonic() - t0 < 0.4

@@ -43,6 +43,12 @@ class _Sim(BaseHTTPRequestHandler):
         self.wfile.write(out)
 
 
+class _SimServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512    # a round's user turns arrive at once (concurrent gym steps): the default
+                                # listen backlog of 5 would reset connections, unlike a real server's
+
+
 class _Agent:
     """A scripted agent (backend double) emitting varied tool calls, tokenised like a model's."""
 
@@ -66,7 +72,7 @@ def test_no_reasoning_ever_reaches_the_agent():
     tasks = {g: load_tasks(g) for g in ALL_GYMS}
     rows = [r for g in ALL_GYMS for r in MODULES[g].build_rows(tasks[g], "train")]
     tok = train_tokenizer([m["content"] for r in rows for m in r["prompt"]], vocab_size=2000, min_frequency=1)
-    sim = ThreadingHTTPServer(("127.0.0.1", 0), _Sim)
+    sim = _SimServer(("127.0.0.1", 0), _Sim)
     threading.Thread(target=sim.serve_forever, daemon=True).start()
     shim = PrivilegedShim(f"http://127.0.0.1:{sim.server_port}/v1", max_episodes=64)
     shim.start()

@@ -323,3 +323,58 @@ def test_vllm_generates(tok, tmp_path):
     gens = b.generate(CHATS, GREEDY)
     assert all(g.finish_reason == "length" and len(g.token_ids) == 12 for g in gens)
     assert all(len(g.logprobs) == 12 and all(x <= 0 for x in g.logprobs) for g in gens)
+
+
+def test_decoding_appends_to_a_reserved_kv_buffer(backend, tok):
+    """The KV cache of a generation appends in place (no whole-cache copy per step); rows that
+    finish early leave the batch and the buffer is rebuilt at the reserved length, not doubled."""
+    from mimesis_lab.rollout.backends import _GROWING_LAYER, _reserve_cache
+
+    assert _GROWING_LAYER is not None
+    from transformers import DynamicCache
+
+    k = torch.randn(3, 2, 5, 4)
+    past = DynamicCache(ddp_cache_data=[(k, k + 1)])
+    _reserve_cache(past, 16)
+    lay = past.layers[0]
+    assert type(lay) is _GROWING_LAYER and lay._kbuf.shape[-2] == 16 and torch.equal(lay.keys, k)
+    buf = lay._kbuf
+    new = torch.randn(3, 2, 1, 4)
+    keys, values = lay.update(new, new)
+    assert lay._kbuf is buf and torch.equal(keys, torch.cat([k, new], dim=-2))
+    assert torch.equal(values, torch.cat([k + 1, new], dim=-2))
+    past.batch_select_indices(torch.tensor([0, 2]))
+    keys, _ = lay.update(new[:2], new[:2])
+    assert lay._kbuf.shape[-2] == 16 and keys.shape == (2, 2, 7, 4)
+    assert torch.equal(keys, torch.cat([k[[0, 2]], new[[0, 2]], new[:2]], dim=-2))
+    for _ in range(10):                      # past the reservation: it grows
+        keys, _ = lay.update(new[:2], new[:2])
+    assert keys.shape[-2] == 17 and lay._kbuf.shape[-2] >= 17 and torch.equal(keys[:, :, -1:], new[:2])
+    # and generation still matches teacher forcing / alone (the other tests), with early stops
+    p = SamplingParams(max_new_tokens=12, temperature=0.0)
+    together = backend.generate(CHATS, p)
+    alone = [backend.generate([c], p)[0] for c in CHATS]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+
+
+def test_prompts_of_very_different_lengths_prefill_in_buckets(backend, tok, monkeypatch):
+    """A batch mixing short and long prompts is prefilled in length buckets (less padding); the
+    result is the same as each prompt alone: greedy tokens, log-probs, seeded samples."""
+    import mimesis_lab.rollout.backends as B
+
+    seen = []
+    real = B._buckets
+    monkeypatch.setattr(B, "_buckets", lambda lens, overhead: seen.append(real(lens, overhead)) or seen[-1])
+    assert real([3, 4, 5, 150, 160], 64) == [(0, 3), (3, 5)] and real([10, 12], 64) == [(0, 2)]
+    long = "I want a refund for my shipping, the policy says so. " * 8
+    chats = [[{"role": "user", "content": "hello"}], [{"role": "user", "content": long}],
+             [{"role": "user", "content": "hi there"}], [{"role": "user", "content": long + " again please"}],
+             [{"role": "user", "content": "world"}]]
+    for p in (GREEDY, SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=3, stop_token_ids=[])):
+        seen.clear()
+        together = backend.generate(chats, p, seeds=[5, 6, 7, 8, 9])
+        assert seen and len(seen[0]) >= 2, seen             # the bucket path was taken
+        alone = [backend.generate([c], p, seeds=[s])[0] for c, s in zip(chats, [5, 6, 7, 8, 9])]
+        for t, a in zip(together, alone):
+            assert t.token_ids == a.token_ids
+            assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)

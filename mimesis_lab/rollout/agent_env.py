@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -110,13 +111,15 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
     for _ in range(cfg.prompts_per_step):
         g = rng.choices(names, weights=[cfg.gyms[n] for n in names], k=1)[0]
         groups.append(rows_by_gym[g][rng.randrange(len(rows_by_gym[g]))])
-    user_sampling = SamplingParams(max_new_tokens=cfg.user.max_new_tokens, temperature=cfg.user.temperature,
-                                   seed=cfg.seed + step)
     rows, gyms, ids, users = [], [], [], []
     for gi in range(rank, len(groups), world):
         gid = f"s{step}g{gi}"
         for k in range(cfg.rollouts_per_prompt):
             tid = f"{gid}r{k}"
+            # each episode's user samples with its own seed: group members whose user prompts coincide
+            # (before their agents diverge) still meet different replies
+            user_sampling = SamplingParams(max_new_tokens=cfg.user.max_new_tokens, temperature=cfg.user.temperature,
+                                           seed=zlib.crc32(f"{cfg.seed}:{step}:{tid}".encode()))
             user = EndpointUser.from_params(cfg.user, shim.url, user_model, tid, user_sampling)
             rows.append(groups[gi])
             gyms.append(gym_for_row(groups[gi], tasks, user, random.Random(f"{cfg.seed}:{tid}"),

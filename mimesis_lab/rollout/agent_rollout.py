@@ -14,18 +14,25 @@ stream and compares it with the chat template's rendering of the same messages; 
 (a template that renders differently from what the stream holds) marks the trajectory invalid
 ``tokenization_drift`` instead of training on a context the model never saw.
 
+**A round's gym steps run concurrently** (a thread pool of up to ``step_workers`` threads): the
+steps that ask the user reach the user side together, so a batching simulator server
+(:class:`~mimesis_lab.rollout.serve.ModelServer`) generates a round's user turns in one batch
+instead of one after another. The results are applied in episode order once all steps of the
+round have returned, so the outcome does not depend on which step finished first.
+
 Failures are data: a user-side failure (the simulator endpoint/shim erred, timed out or refused)
 or an exception inside the gym ends the episode *invalid* with its reason; a gym step slower
-than ``step_timeout_s`` is ``timeout``. Per-turn rewards are kept for R2G credit.
+than ``step_timeout_s`` (measured from its own start, not from its wait for a free thread) is
+``timeout``. Per-turn rewards are kept for R2G credit.
 """
 from __future__ import annotations
 
 import json
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, UserSideError
 from mimesis_lab.rollout.backends import SamplingParams
@@ -174,8 +181,50 @@ def check_drift(tokenizer, traj: Trajectory) -> str | None:
             f"{stream[max(0, k - 20):k + 20]!r} vs {want[max(0, k - 20):k + 20]!r}")
 
 
-def _step(pool: ThreadPoolExecutor, gym: Gym, choice: str, content: str, timeout_s: float) -> StepResult:
-    return pool.submit(gym.step, choice, content).result(timeout=timeout_s)
+_TIMED_OUT = object()
+
+
+def run_concurrently(pool: ThreadPoolExecutor, calls: Sequence[Callable[[], Any]],
+                     timeout_s: float) -> list[tuple[Any, BaseException | None]]:
+    """Run ``calls`` on ``pool`` at once; per call ``(result, None)``, ``(None, exception)`` or
+    ``(_TIMED_OUT, None)``.
+
+    A call times out once it has *run* for ``timeout_s`` (a call queued behind a full pool is not
+    charged for its wait), or if it is still queued after ``timeout_s`` without any call finishing
+    (every thread stuck). A timed-out call's thread cannot be stopped: it finishes in the
+    background and its result is ignored.
+    """
+    n = len(calls)
+    started: list[float | None] = [None] * n
+
+    def run(k: int):
+        started[k] = time.monotonic()
+        return calls[k]()
+
+    futs = {pool.submit(run, k): k for k in range(n)}
+    out: list[tuple[Any, BaseException | None]] = [(None, None)] * n
+    pending = set(futs)
+    progress = time.monotonic()        # the last time a call finished (or the submission)
+    while pending:
+        now = time.monotonic()
+        for f in list(pending):
+            k = futs[f]
+            since = started[k] if started[k] is not None else progress
+            if not f.done() and now - since >= timeout_s:
+                out[k] = (_TIMED_OUT, None)
+                pending.discard(f)
+        if not pending:
+            break
+        left = min((started[futs[f]] if started[futs[f]] is not None else progress) + timeout_s - now
+                   for f in pending)
+        done, _ = wait(pending, timeout=max(0.001, left), return_when=FIRST_COMPLETED)
+        if done:
+            progress = time.monotonic()
+        for f in done:
+            pending.discard(f)
+            exc = f.exception()
+            out[futs[f]] = (None, exc) if exc is not None else (f.result(), None)
+    return out
 
 
 def run_agent_episodes(
@@ -192,12 +241,16 @@ def run_agent_episodes(
     step_timeout_s: float = 120.0,
     check_every_turn: bool = False,
     users: Sequence[Any] | None = None,
+    step_workers: int = 64,
 ) -> list[Trajectory]:
     """Roll out one trajectory per ``(row, gym)`` with one batched generation call per round.
 
+    The round's gym steps run concurrently on up to ``step_workers`` threads (module docstring).
     ``users`` (optional, one per row): the gyms' user sides; after each turn the number of public
     replies ``len(users[i].replies)`` is recorded in :attr:`AgentTurn.user_replies`, which aligns
     the simulator's reasoning entries with the agent's turns (CSD)."""
+    if step_workers < 1:
+        raise ValueError(f"step_workers must be >= 1, got {step_workers}")
     t0 = time.perf_counter()
     if hasattr(backend, "reset_prefix_cache"):
         backend.reset_prefix_cache()   # cached KV belongs to the weights of an earlier call
@@ -218,7 +271,26 @@ def run_agent_episodes(
             tr.invalid, tr.invalid_detail, tr.done = "env_error", err, True
         trajs.append(tr)
     eos = tokenizer.eos_token_id
-    with ThreadPoolExecutor(max_workers=4) as pool:
+
+    def close_turn(i: int, turn: AgentTurn, g: Any, result: StepResult) -> None:
+        tr = trajs[i]
+        turn.reward = float(result.reward)
+        turn.feedback = result.observation
+        tr.done = bool(result.done or len(tr.turns) >= max_turns)
+        if tr.done:
+            return
+        feedback = result.observation + (f"\nReward: {result.reward:g}" if show_reward else "")
+        closing = "\n" if g.token_ids and g.token_ids[-1] == eos else "<|im_end|>\n"
+        env_text = closing + "<|im_start|>tool\n" + feedback + "<|im_end|>\n<|im_start|>assistant\n"
+        turn.env_ids = _encode(tokenizer, env_text)
+        tr.messages.append({"role": "tool", "content": feedback})
+        if check_every_turn:
+            drift = check_drift(tokenizer, tr)
+            if drift:
+                tr.invalid, tr.invalid_detail, tr.done = "tokenization_drift", drift, True
+
+    with ThreadPoolExecutor(max_workers=max(1, min(step_workers, len(trajs))),
+                            thread_name_prefix="gym-step") as pool:
         for _ in range(max_turns):
             active = [i for i, t in enumerate(trajs) if not t.done]
             if not active:
@@ -234,8 +306,9 @@ def run_agent_episodes(
                 prompts.append(ids_i)
                 live.append(i)
             gens = backend.generate_ids(prompts, sampling) if prompts else []
+            stepping: list[tuple[int, AgentTurn, Any]] = []      # turns whose tool call goes to the gym
             for i, g in zip(live, gens):
-                tr, gym = trajs[i], gyms[i]
+                tr = trajs[i]
                 if not g.ok:
                     reason = "timeout" if "time" in (g.error or "").lower() else "generation_error"
                     tr.invalid, tr.invalid_detail, tr.done = reason, g.error, True
@@ -250,40 +323,28 @@ def run_agent_episodes(
                 parsed = parse_tool_call(reply)
                 if isinstance(parsed, str):
                     turn.parse_error = parsed
-                    result = StepResult(f"Invalid tool call: {parsed}.", 0.0, False)
+                    close_turn(i, turn, g, StepResult(f"Invalid tool call: {parsed}.", 0.0, False))
                 else:
                     turn.choice, turn.content = parsed
-                    try:
-                        result = _step(pool, gym, turn.choice, turn.content, step_timeout_s)
-                    except UserSideError as e:
-                        tr.invalid, tr.invalid_detail, tr.done = e.reason, e.detail, True
-                        tr.invalid_transient = e.transient
-                        continue
-                    except FutureTimeout:
-                        tr.invalid, tr.done, tr.invalid_transient = "timeout", True, True
-                        tr.invalid_detail = f"{type(gym).__name__}.step took longer than {step_timeout_s}s"
-                        continue
-                    except Exception as e:
-                        tr.invalid, tr.invalid_detail, tr.done = "env_error", f"{type(e).__name__}: {e}", True
-                        continue
-                    finally:
-                        if users is not None:
-                            turn.user_replies = len(getattr(users[i], "replies", ()))
-                turn.reward = float(result.reward)
-                turn.feedback = result.observation
-                last = len(tr.turns) >= max_turns
-                tr.done = bool(result.done or last)
-                if tr.done:
-                    continue
-                feedback = result.observation + (f"\nReward: {result.reward:g}" if show_reward else "")
-                closing = "\n" if g.token_ids and g.token_ids[-1] == eos else "<|im_end|>\n"
-                env_text = closing + "<|im_start|>tool\n" + feedback + "<|im_end|>\n<|im_start|>assistant\n"
-                turn.env_ids = _encode(tokenizer, env_text)
-                tr.messages.append({"role": "tool", "content": feedback})
-                if check_every_turn:
-                    drift = check_drift(tokenizer, tr)
-                    if drift:
-                        tr.invalid, tr.invalid_detail, tr.done = "tokenization_drift", drift, True
+                    stepping.append((i, turn, g))
+            # every gym step of the round at once: the user turns they ask for reach the user side together
+            outcomes = run_concurrently(
+                pool, [lambda gym=gyms[i], t=turn: gym.step(t.choice, t.content) for i, turn, _ in stepping],
+                step_timeout_s)
+            for (i, turn, g), (result, exc) in zip(stepping, outcomes):
+                tr, gym = trajs[i], gyms[i]
+                if users is not None:
+                    turn.user_replies = len(getattr(users[i], "replies", ()))
+                if result is _TIMED_OUT:
+                    tr.invalid, tr.done, tr.invalid_transient = "timeout", True, True
+                    tr.invalid_detail = f"{type(gym).__name__}.step took longer than {step_timeout_s}s"
+                elif isinstance(exc, UserSideError):
+                    tr.invalid, tr.invalid_detail, tr.done = exc.reason, exc.detail, True
+                    tr.invalid_transient = exc.transient
+                elif exc is not None:
+                    tr.invalid, tr.invalid_detail, tr.done = "env_error", f"{type(exc).__name__}: {exc}", True
+                else:
+                    close_turn(i, turn, g, result)
     wall = time.perf_counter() - t0
     for tr in trajs:
         tr.wall_s = wall / max(len(trajs), 1)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -137,6 +137,70 @@ def _cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
+def _growing_layer_class():
+    """A ``DynamicLayer`` that appends into a preallocated buffer instead of ``torch.cat``-ing the
+    whole cache every step (the per-step copy grows with batch x context and dominated batched
+    decoding on CPU). ``None`` when this transformers has no ``DynamicLayer``."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - older transformers: keep the library's cache
+        return None
+
+    class GrowingLayer(DynamicLayer):
+        _kbuf = _vbuf = _view = None
+        target = 0       # the length reserved for (a rebuilt buffer gets it again, not twice the need)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, add = self.get_seq_length(), key_states.shape[-2]
+            kb = self._kbuf
+            # the buffer is stale when someone replaced ``keys`` (batch_select_indices, crop, reset)
+            if (kb is None or self.keys is not self._view or kb.shape[0] != key_states.shape[0]
+                    or n + add > kb.shape[-2]):
+                self._reserve(max(n + add, self.target), grow=n + add > self.target)
+            self._kbuf[..., n:n + add, :] = key_states
+            self._vbuf[..., n:n + add, :] = value_states
+            self.keys = self._view = self._kbuf[..., : n + add, :]
+            self.values = self._vbuf[..., : n + add, :]
+            return self.keys, self.values
+
+        def _reserve(self, length: int, grow: bool = False) -> None:
+            n = self.get_seq_length()
+            ref_k, ref_v = self.keys, self.values
+            cap = max(length, 2 * length if grow else length, 16)
+            kb = ref_k.new_empty((*ref_k.shape[:-2], cap, ref_k.shape[-1]))
+            vb = ref_v.new_empty((*ref_v.shape[:-2], cap, ref_v.shape[-1]))
+            if n:
+                kb[..., :n, :] = ref_k
+                vb[..., :n, :] = ref_v
+            self._kbuf, self._vbuf = kb, vb
+            self.keys = self._view = kb[..., :n, :]
+            self.values = vb[..., :n, :]
+
+    return GrowingLayer
+
+
+_GROWING_LAYER = _growing_layer_class()
+
+
+def _reserve_cache(past, length: int) -> None:
+    """Make the (DynamicCache) ``past`` append in place up to ``length`` tokens per row; a cache of
+    another kind is left alone."""
+    layers = getattr(past, "layers", None)
+    if _GROWING_LAYER is None or not isinstance(layers, list):
+        return
+    base = _GROWING_LAYER.__mro__[1]
+    for i, lay in enumerate(layers):
+        if type(lay) is not base or not getattr(lay, "is_initialized", False) or lay.get_seq_length() == 0:
+            continue
+        grown = _GROWING_LAYER()
+        grown.__dict__.update(lay.__dict__)
+        grown.target = length
+        grown._reserve(length)
+        layers[i] = grown
+
+
 class TransformersBackend:
     """In-process generation with a Hugging Face causal LM.
 
@@ -146,6 +210,12 @@ class TransformersBackend:
     the same ids as each prompt alone — tested). Sampling uses one ``torch.Generator`` per
     prompt seeded with ``seed + index`` (index within the call), so results do not depend on
     ``batch_size``. ``seed=None`` draws from the global torch RNG.
+
+    ``seeds`` (``generate``/``generate_ids``, optional, one per prompt) overrides ``seed + index``
+    with each prompt's own seed: a server that batches independent requests passes each request's
+    seed, so a request samples the same tokens whichever requests share its call (up to the
+    floating-point noise of padding; tested). A ``None`` entry in ``seeds`` gets a seed drawn
+    from the global torch RNG.
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 8, prefix_cache_tokens: int = 0):
@@ -180,18 +250,23 @@ class TransformersBackend:
             self.prefix_cache.clear()
 
     # -- API
-    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[dict]], params: SamplingParams,
+                 seeds: Sequence[int | None] | None = None) -> list[Generation]:
         rendered: list[list[int] | Generation] = []
         for messages in prompts:
             try:
                 rendered.append(_render_chat(self.tokenizer, messages))
             except Exception as e:  # a bad prompt is data, not a crash of the batch
                 rendered.append(Generation.failed(f"chat template failed: {type(e).__name__}: {e}"))
-        ids = [r for r in rendered if not isinstance(r, Generation)]
-        gens = iter(self.generate_ids(ids, params))
+        keep = [k for k, r in enumerate(rendered) if not isinstance(r, Generation)]
+        ids = [rendered[k] for k in keep]
+        gens = iter(self.generate_ids(ids, params, None if seeds is None else [seeds[k] for k in keep]))
         return [r if isinstance(r, Generation) else next(gens) for r in rendered]
 
-    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
+                     seeds: Sequence[int | None] | None = None) -> list[Generation]:
+        if seeds is not None and len(seeds) != len(prompt_ids):
+            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompt_ids)} prompts")
         out: list[Generation | None] = [None] * len(prompt_ids)
         todo = []
         for i, p in enumerate(prompt_ids):
@@ -210,7 +285,7 @@ class TransformersBackend:
                 idx = todo[start:start + self.batch_size]
                 batch = [[int(t) for t in prompt_ids[i]] for i in idx]
                 try:
-                    results = self._generate_batch(batch, idx, params, stop)
+                    results = self._generate_batch(batch, self._row_seeds(idx, params, seeds), params, stop)
                 except (RuntimeError, ValueError, IndexError) as e:
                     results = [Generation.failed(f"{type(e).__name__}: {e}", b) for b in batch]
                 for i, g in zip(idx, results):
@@ -220,8 +295,21 @@ class TransformersBackend:
         return out  # type: ignore[return-value]
 
     # -- internals
+    @staticmethod
+    def _row_seeds(idx: list[int], params: SamplingParams,
+                   seeds: Sequence[int | None] | None) -> list[int] | None:
+        """Each row's sampling seed (``None``: unseeded rows, drawn with the global RNG)."""
+        if params.temperature == 0:
+            return None
+        if seeds is None:
+            return None if params.seed is None else [int(params.seed) + i for i in idx]
+        row = [seeds[i] for i in idx]
+        if all(s is None for s in row):
+            return None
+        return [int(s) if s is not None else int(torch.randint(0, 2**62, (1,)).item()) for s in row]
+
     @torch.inference_mode()
-    def _generate_batch(self, batch: list[list[int]], idx: list[int], params: SamplingParams,
+    def _generate_batch(self, batch: list[list[int]], row_seeds: list[int] | None, params: SamplingParams,
                         stop: set[int]) -> list[Generation]:
         device = next(self.model.parameters()).device
         n, width = len(batch), max(len(b) for b in batch)
@@ -241,6 +329,9 @@ class TransformersBackend:
             cached = [(min(c, len(b) - 1), kv) if kv is not None else (0, None)
                       for b, (c, kv) in zip(uniq, (self.prefix_cache.longest(b) for b in uniq))]
             cached = [(c, kv) if c >= _KVStore.MIN_REUSE else (0, None) for c, kv in cached]
+            self.prefix_cache.hits += sum(c > 0 for c, _ in cached)
+            self.prefix_cache.reused_tokens += sum(c for c, _ in cached)
+        cached = self._bucket_prefill(uniq, cached, device)
         wc = max(c for c, _ in cached)
         suffixes = [b[c:] for b, (c, _) in zip(uniq, cached)]
         ws = max(len(x) for x in suffixes)
@@ -253,8 +344,6 @@ class TransformersBackend:
         pos = (attn_s.cumsum(-1) - 1).clamp(min=0) + start
         prefix_kw: dict[str, Any] = {}
         if wc:
-            self.prefix_cache.hits += sum(c > 0 for c, _ in cached)
-            self.prefix_cache.reused_tokens += sum(c for c, _ in cached)
             from transformers import DynamicCache
 
             n_layers = len(next(kv for c, kv in cached if kv is not None))
@@ -277,11 +366,11 @@ class TransformersBackend:
         else:
             attn = attn_s
         gens = None
-        if params.temperature > 0 and params.seed is not None:
+        if row_seeds is not None:
             gens = []
-            for i in idx:
+            for seed in row_seeds:
                 g = torch.Generator(device=device)
-                g.manual_seed(int(params.seed) + i)
+                g.manual_seed(seed)
                 gens.append(g)
 
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -305,6 +394,8 @@ class TransformersBackend:
             expand = torch.tensor(src, dtype=torch.long, device=device)
             past.batch_select_indices(expand)
             logits, attn, next_pos = logits[expand], attn[expand], next_pos[expand]
+        if params.max_new_tokens > 1:
+            _reserve_cache(past, attn.shape[1] + params.max_new_tokens)
         alive = list(range(n))       # rows still generating; tensors below hold only these rows
         prunable = hasattr(past, "batch_select_indices")
         for step in range(params.max_new_tokens):
@@ -364,6 +455,44 @@ class TransformersBackend:
             kv = [(lay.keys[j][:, cols, :].clone(), lay.values[j][:, cols, :].clone()) for lay in layers]
             self.prefix_cache.put(seq, kv)
 
+    def _bucket_prefill(self, uniq: list[list[int]], cached: list[tuple[int, Any]], device) -> list[tuple[int, Any]]:
+        """Prefill prompts of very different lengths in buckets of similar length.
+
+        One left-padded forward over all prompts computes the padding too (and its attention is
+        masked, so the fast causal kernels do not apply): with a few long and many short prompts
+        most of that work is padding. Rows without a cached prefix are sorted by length and split
+        into contiguous buckets minimising ``sum(overhead + rows * longest)`` (``overhead``: the cost
+        of one more forward in tokens, 64 on CPU, 2048 on an accelerator); each bucket is prefilled
+        up to its prompts' last token, and the batch continues from those caches as from cached
+        prefixes (the last prompt token is fed with the batch). With one bucket nothing changes."""
+        todo = [r for r, (c, _) in enumerate(cached) if c == 0 and len(uniq[r]) >= 2]
+        if len(todo) < 2:
+            return cached
+        todo.sort(key=lambda r: len(uniq[r]))
+        lens = [len(uniq[r]) - 1 for r in todo]
+        buckets = _buckets(lens, 64 if device.type == "cpu" else 2048)
+        if len(buckets) < 2:
+            return cached
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        out_cached = list(cached)
+        for lo, hi in buckets:
+            rows, w = todo[lo:hi], lens[hi - 1]
+            ids = torch.full((len(rows), w), self.pad_token_id, dtype=torch.long, device=device)
+            attn = torch.zeros((len(rows), w), dtype=torch.long, device=device)
+            for j, r in enumerate(rows):
+                L = len(uniq[r]) - 1
+                ids[j, w - L:] = torch.tensor(uniq[r][:-1], dtype=torch.long, device=device)
+                attn[j, w - L:] = 1
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **keep)
+            layers = getattr(_cache_of(out), "layers", None)
+            if not layers or not hasattr(layers[0], "keys"):
+                return cached          # a cache this code cannot read: one padded prefill, as before
+            for j, r in enumerate(rows):
+                L = len(uniq[r]) - 1
+                out_cached[r] = (L, [(lay.keys[j][:, w - L:, :], lay.values[j][:, w - L:, :]) for lay in layers])
+        return out_cached
+
     @staticmethod
     def _choose(logits: torch.Tensor, params: SamplingParams, gens) -> torch.Tensor:
         if params.temperature == 0:
@@ -385,6 +514,23 @@ class TransformersBackend:
         cdf = probs.double().cumsum(dim=-1)
         idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
         return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def _buckets(lengths: list[int], overhead: int) -> list[tuple[int, int]]:
+    """Split ascending ``lengths`` into contiguous ``[lo, hi)`` buckets minimising
+    ``sum(overhead + (hi - lo) * lengths[hi - 1])`` (padded tokens plus a per-forward cost)."""
+    n = len(lengths)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            c = best[i] + overhead + (j - i) * lengths[j - 1]
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    out, j = [], n
+    while j > 0:
+        out.append((cut[j], j))
+        j = cut[j]
+    return out[::-1]
 
 
 class _KVStore:

@@ -14,12 +14,30 @@ Routes (all JSON):
   :meth:`OpenAIBackend.generate_ids` sends), same sampling fields.
 - ``GET /v1/models`` and ``GET /health``.
 
-Bad JSON, a missing/invalid ``messages`` list or invalid sampling values give HTTP 400
-with ``{"error": {"message", "type", "code"}}``; a failed generation gives HTTP 500.
+Bad JSON (of any nesting depth: deeper than ``MAX_JSON_DEPTH`` levels is refused too), a
+missing/invalid ``messages`` list or invalid sampling values give HTTP 400 with
+``{"error": {"message", "type", "code"}}``; a failed generation gives HTTP 500.
 
-Generation is serialised by one lock around the model (requests are answered one at a
-time; concurrent clients queue). The HTTP plumbing here (:class:`JSONHandler`,
-:class:`BackgroundHTTPServer`) is shared with :mod:`mimesis_lab.rollout.shim`.
+**Micro-batching.** Concurrent requests are generated together: every request is tokenised in
+its own handler thread and queued; one generation thread takes the first queued request and
+gathers more until ``max_batch`` are queued, or none arrived for ``batch_wait_ms`` and none is
+being read (a burst of requests is taken whole, however its arrivals spread), or
+``max_batch_wait_ms`` after the first; then it generates them with one
+:meth:`TransformersBackend.generate_ids` call per group of identical sampling settings
+(``max_tokens``, ``temperature``, ``top_p``, ``stop_token_ids``). Requests that arrive while a
+batch runs are queued for the next one. Each request samples with its own ``seed``
+(passed per row, not ``seed + row``), so a seeded or greedy request gets the same tokens
+whichever requests shared its batch, up to the floating-point noise of left padding (tested:
+greedy and seeded results batched == alone); a request without ``seed`` draws from the global
+torch RNG and is not reproducible, batched or not. ``max_batch=1`` answers one request at a time.
+
+**Hardening** (the shared HTTP layer, also the shim's): a request body must arrive within
+``body_timeout_s`` seconds in all (HTTP 408, connection closed) and hold at most ``max_body``
+bytes (413); at most ``max_connections`` connections are served at once (each holds a thread),
+a connection over the cap is answered 503 (``Retry-After``) and closed.
+
+The HTTP plumbing here (:class:`JSONHandler`, :class:`BackgroundHTTPServer`) is shared with
+:mod:`mimesis_lab.rollout.shim`.
 
     python -m mimesis_lab.rollout.serve --model <hf folder> [--tokenizer <folder>] [--host 127.0.0.1] [--port 8000]
 """
@@ -30,19 +48,24 @@ from abc import ABC, abstractmethod
 import argparse
 import json
 import logging
+import math
+import queue
+import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mimesis_lab.envs.output_format import END_TOKENS
-from mimesis_lab.rollout.backends import SamplingParams, TransformersBackend
+from mimesis_lab.rollout.backends import Generation, SamplingParams, TransformersBackend, _render_chat
 
-__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "main"]
+__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "MAX_JSON_DEPTH", "main"]
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_JSON_DEPTH = 64            # request JSON nested deeper than this is refused (400)
 
 
 # ----------------------------------------------------------------------------- shared HTTP plumbing
@@ -60,46 +83,185 @@ def error_body(status: int, message: str, kind: str = "invalid_request_error") -
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
+def _too_deep(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` nests lists/dicts deeper than ``limit`` levels (iterative: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        kids = o.values() if isinstance(o, dict) else o if isinstance(o, list) else None
+        if kids is None:
+            continue
+        if d > limit:
+            return True
+        stack.extend((k, d + 1) for k in kids if isinstance(k, (dict, list)))
+    return False
+
+
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``slots`` connections at once (the others get 503)."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 512          # many clients connect at once (the default backlog is 5)
     app: Any = None
+    max_body = 16 * 1024 * 1024
+    body_timeout_s = 30.0
+    refuse_wait_s = 2.0               # how long a refused connection may take to send its request
+
+    def __init__(self, addr, handler, max_connections: int = 1024):
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self.max_connections = max_connections
+        self.slots = threading.BoundedSemaphore(max_connections)
+        # refusing politely (read the request, answer 503) takes a short-lived thread of its own;
+        # beyond this many at once a connection over the cap is just closed
+        self.refuse_slots = threading.BoundedSemaphore(max(8, min(64, max_connections)))
+        self.refused = 0
+        super().__init__(addr, handler)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request, client_address)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request, client_address) -> None:
+        self.refused += 1
+        if not self.refuse_slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+
+        def run():
+            try:
+                _BusyHandler(request, client_address, self)
+            except Exception:       # the client went away: nothing to tell it
+                pass
+            finally:
+                self.shutdown_request(request)
+                self.refuse_slots.release()
+
+        threading.Thread(target=run, name="refuse", daemon=True).start()
+
+
+class _BusyHandler(BaseHTTPRequestHandler):
+    """Answers one request 503 and closes (a connection over the server's cap)."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def setup(self):
+        self.timeout = self.server.refuse_wait_s
+        super().setup()
+
+    def log_message(self, fmt, *args):
+        log.debug("refused %s - %s", self.address_string(), fmt % args)
+
+    def handle(self):
+        self.close_connection = True
+        self.handle_one_request()
+
+    def _busy(self):
+        try:     # read a small body so that closing does not reset the connection under the answer
+            n = int(self.headers.get("Content-Length") or 0)
+            if 0 < n <= 65536:
+                self.rfile.read(n)
+        except (OSError, ValueError):
+            pass
+        data = json.dumps(error_body(503, f"server busy: {self.server.max_connections} connections "
+                                          "open; retry later", "overloaded")).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Retry-After", "1")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _busy
 
 
 class JSONHandler(BaseHTTPRequestHandler):
     """Keep-alive HTTP/1.1 handler that hands every request to ``server.app.handle(handler, method, path)``.
 
-    The app returns ``(status, json_obj)``, or raises :class:`HTTPError`. Bodies larger than
-    ``max_body`` bytes are refused with 413 (the connection is then closed).
+    The app returns ``(status, json_obj)``, or raises :class:`HTTPError`. :meth:`read_json` takes
+    the body: larger than the server's ``max_body`` bytes is refused with 413, a body that has not
+    fully arrived within ``body_timeout_s`` seconds with 408 (the connection is then closed), bad
+    or too deeply nested JSON with 400.
     """
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True    # headers and body go out in separate writes: no 40 ms Nagle stall
     server_version = "mimesis-lab/1"
     timeout = 300                     # idle keep-alive connections are closed after this
-    max_body = 16 * 1024 * 1024
+    max_body = 16 * 1024 * 1024       # class default; the server's ``max_body`` wins
 
     def log_message(self, fmt, *args):  # quiet by default; debug logging on request
         log.debug("%s - %s", self.address_string(), fmt % args)
 
+    def _read_body(self, n: int) -> bytes:
+        """``n`` bytes of body within the server's ``body_timeout_s`` (in all, not per receive)."""
+        limit = float(getattr(self.server, "body_timeout_s", 30.0))
+        deadline = time.monotonic() + limit
+        chunks, got = [], 0
+        try:
+            while got < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(left)
+                chunk = self.rfile.read1(min(n - got, 1 << 16))
+                if not chunk:
+                    self.close_connection = True
+                    raise HTTPError(400, f"request body ended after {got} of {n} bytes")
+                chunks.append(chunk)
+                got += len(chunk)
+        except (TimeoutError, socket.timeout):
+            self.close_connection = True
+            raise HTTPError(408, f"request body not received within {limit:g}s ({got} of {n} bytes)",
+                            "request_timeout") from None
+        finally:
+            try:
+                self.connection.settimeout(self.timeout)   # back to the keep-alive idle timeout
+            except OSError:
+                pass
+        return b"".join(chunks)
+
     def read_json(self) -> Any:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise HTTPError(411, "chunked request bodies are not supported: send Content-Length")
         try:
             n = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             self.close_connection = True
             raise HTTPError(400, "invalid Content-Length") from None
-        if n > self.max_body:
+        max_body = int(getattr(self.server, "max_body", self.max_body))
+        if n > max_body:
             self.close_connection = True
-            raise HTTPError(413, f"request body too large ({n} > {self.max_body} bytes)")
-        raw = self.rfile.read(n) if n > 0 else b""
+            raise HTTPError(413, f"request body too large ({n} > {max_body} bytes)")
+        raw = self._read_body(n) if n > 0 else b""
         self._body_consumed = True
         if not raw:
             raise HTTPError(400, "empty request body (expected JSON)")
         try:
-            return json.loads(raw)
+            obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise HTTPError(400, f"invalid JSON: {e}") from None
+        except RecursionError:
+            raise HTTPError(400, "invalid JSON: nested too deeply") from None
+        if _too_deep(obj, MAX_JSON_DEPTH):
+            raise HTTPError(400, f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+        return obj
 
     def send_json(self, status: int, obj: Any) -> None:
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
@@ -119,11 +281,15 @@ class JSONHandler(BaseHTTPRequestHandler):
             status, obj = self.server.app.handle(self, method, path)
         except HTTPError as e:
             status, obj = e.status, error_body(e.status, e.message, e.kind)
+        except RecursionError:        # only nested input gets this deep: the request's fault
+            status, obj = 400, error_body(400, "request nested too deeply")
         except Exception as e:  # a bug in a route must not kill the server thread silently
             log.exception("unhandled error on %s %s", method, path)
             status, obj = 500, error_body(500, f"internal error: {type(e).__name__}: {e}", "server_error")
         if not self._body_consumed and (self.headers.get("Content-Length") or "0").strip() not in ("", "0"):
             self.close_connection = True   # an unread body would corrupt the next keep-alive request
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
         if status is None:            # the route already answered
             return
         try:
@@ -145,10 +311,16 @@ class BackgroundHTTPServer(ABC):
     """``start()`` serves in a daemon thread, ``stop()`` shuts down; ``port``/``root`` once started.
 
     Binds ``127.0.0.1`` by default; ``port=0`` picks a free port. Usable as a context manager.
+    ``max_connections`` connections are served at once (more get 503), a request body must arrive
+    within ``body_timeout_s`` seconds (else 408) and hold at most ``max_body`` bytes (else 413).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, max_connections: int = 1024,
+                 body_timeout_s: float = 30.0, max_body: int = 16 * 1024 * 1024):
+        if body_timeout_s <= 0 or max_body < 1 or max_connections < 1:
+            raise ValueError("body_timeout_s, max_body and max_connections must be positive")
         self.host, self._port = host, port
+        self.max_connections, self.body_timeout_s, self.max_body = max_connections, body_timeout_s, max_body
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -161,8 +333,9 @@ class BackgroundHTTPServer(ABC):
             return self
         if self.host not in LOOPBACK:
             log.warning("%s binds %s: reachable from other machines", type(self).__name__, self.host)
-        self._httpd = _Server((self.host, self._port), JSONHandler)
+        self._httpd = _Server((self.host, self._port), JSONHandler, max_connections=self.max_connections)
         self._httpd.app = self
+        self._httpd.body_timeout_s, self._httpd.max_body = self.body_timeout_s, self.max_body
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name=f"{type(self).__name__}:{self.port}", daemon=True)
         self._thread.start()
@@ -187,6 +360,11 @@ class BackgroundHTTPServer(ABC):
             pass
         finally:
             self.stop()
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections answered 503 because ``max_connections`` were open."""
+        return self._httpd.refused if self._httpd is not None else 0
 
     @property
     def bound_host(self) -> str:
@@ -219,7 +397,8 @@ def _num(body: dict, key: str, default, kind=float, lo=None):
     v = body.get(key, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and int(v) != v):
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or (kind is int and int(v) != v)):
         raise HTTPError(400, f"'{key}' must be a {'integer' if kind is int else 'number'}, got {v!r}")
     v = kind(v)
     if lo is not None and v < lo:
@@ -246,23 +425,65 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
+@dataclass(eq=False)
+class _Request:
+    """One queued generation: tokenised prompt and sampling settings in, a :class:`Generation` out."""
+
+    ids: list[int]
+    params: SamplingParams
+    done: threading.Event = field(default_factory=threading.Event)
+    gen: Generation | None = None
+    error: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        """Requests with equal keys can share one ``generate_ids`` call (the seed is per row)."""
+        p = self.params
+        stop = None if p.stop_token_ids is None else tuple(p.stop_token_ids)
+        return (p.max_new_tokens, p.temperature, p.top_p, stop)
+
+
+_STOP = object()      # the generation thread's stop sentinel
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)     # what torch.Generator.manual_seed accepts
+
+
 class ModelServer(BackgroundHTTPServer):
     """Serve ``model``/``tokenizer`` (in-process, CPU or GPU) over an OpenAI-compatible API.
 
     ``url`` is the OpenAI base URL ``http://127.0.0.1:<port>/v1``. ``max_tokens_cap`` bounds a
-    request's ``max_tokens`` (HTTP 400 above it). ``stats()`` counts requests and errors.
+    request's ``max_tokens`` (HTTP 400 above it). Concurrent requests are micro-batched (module
+    docstring): up to ``max_batch`` per generation call, gathered while they keep arriving (gaps
+    under ``batch_wait_ms``), for at most ``max_batch_wait_ms``; ``max_batch=1`` generates one
+    request at a time. ``prefix_cache_tokens`` > 0 keeps the KV of finished requests for later
+    prompts that extend them (an episode's next user turn; the weights are frozen), see
+    :class:`TransformersBackend`. ``max_connections``,
+    ``body_timeout_s``, ``max_body``: see :class:`BackgroundHTTPServer`. ``stats()`` counts
+    requests, errors, generation calls (``batches``) and the requests they held
+    (``batched_requests``, ``max_batch_seen``).
     """
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, model_name: str = "local",
-                 max_tokens_cap: int = 4096):
-        super().__init__(host, port)
-        self.backend = TransformersBackend(model, tokenizer, batch_size=1)
+                 max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = 5.0,
+                 max_batch_wait_ms: float = 50.0, prefix_cache_tokens: int = 0, **http_kw):
+        super().__init__(host, port, **http_kw)
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not 0 <= batch_wait_ms <= max_batch_wait_ms:
+            raise ValueError(f"need 0 <= batch_wait_ms <= max_batch_wait_ms, got {batch_wait_ms}, {max_batch_wait_ms}")
+        self.backend = TransformersBackend(model, tokenizer, batch_size=max_batch,
+                                           prefix_cache_tokens=prefix_cache_tokens)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_tokens_cap = max_tokens_cap
-        self._lock = threading.Lock()
+        self.max_batch, self.batch_wait_s, self.max_wait_s = max_batch, batch_wait_ms / 1e3, max_batch_wait_ms / 1e3
+        self._arriving = 0                    # generation requests being read/tokenised, not yet queued
+        self._local = threading.local()
+        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._tok_lock = threading.Lock()     # one tokeniser, many handler threads
         self._stats_lock = threading.Lock()
-        self._stats = {"requests": 0, "bad_requests": 0, "generation_errors": 0, "completion_tokens": 0}
+        self._stats = {"requests": 0, "bad_requests": 0, "generation_errors": 0, "completion_tokens": 0,
+                       "batches": 0, "batched_requests": 0, "max_batch_seen": 0}
         ends = set(END_TOKENS)
         for tok in (getattr(tokenizer, "eos_token", None), getattr(tokenizer, "pad_token", None)):
             if isinstance(tok, str) and tok:
@@ -281,6 +502,111 @@ class ModelServer(BackgroundHTTPServer):
         with self._stats_lock:
             self._stats[key] += n
 
+    # -- lifecycle: the generation thread lives while the server does
+    def start(self):
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._generation_loop, name="ModelServer:generate", daemon=True)
+            self._worker.start()
+        return super().start()
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()            # no new connections; queued requests still get answers
+        if self._worker is not None:
+            self._queue.put(_STOP)
+            self._worker.join(timeout=60)
+            self._worker = None
+        while True:                           # anything queued after the sentinel: fail it
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Request):
+                item.error = "server stopped"
+                item.done.set()
+        super().stop()
+
+    # -- the micro-batching queue
+    def _arrival(self, delta: int) -> None:
+        """Count this handler thread's request in (+1) or out (-1) of ``_arriving`` (once each)."""
+        if (delta > 0) == bool(getattr(self._local, "arriving", False)):
+            return
+        self._local.arriving = delta > 0
+        with self._stats_lock:
+            self._arriving += delta
+
+    def _submit(self, ids: list[int], params: SamplingParams) -> Generation:
+        """Queue one prompt and wait for its generation (raises 503 if the server stops first)."""
+        self._arrival(-1)
+        if self._worker is None or not self._worker.is_alive():
+            raise HTTPError(503, "the generation thread is not running", "server_error")
+        req = _Request(ids, params)
+        self._queue.put(req)
+        while not req.done.wait(0.5):
+            worker = self._worker
+            if (worker is None or not worker.is_alive()) and not req.done.is_set():
+                req.error = "server stopped"          # queued after the generation thread ended
+                break
+        if req.gen is None:
+            raise HTTPError(503 if req.error == "server stopped" else 500,
+                            f"generation failed: {req.error}", "server_error")
+        return req.gen
+
+    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
+        """``first`` plus the requests that keep arriving (module docstring), up to ``max_batch``;
+        ``True`` if the stop sentinel was seen."""
+        batch = [first]
+        last = time.monotonic()
+        hard = last + self.max_wait_s
+        while len(batch) < self.max_batch:
+            now = time.monotonic()
+            until = last + self.batch_wait_s
+            if until <= now and self._arriving > 0:      # requests being read now are queued next
+                until = now + 0.002
+            left = min(until, hard) - now
+            try:    # past the window, still take whatever is already queued
+                item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                if self._arriving > 0 and time.monotonic() < hard:
+                    continue
+                break
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+            last = time.monotonic()
+        return batch, False
+
+    def _generation_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch, stopping = self._gather(first)
+            groups: dict[tuple, list[_Request]] = {}
+            for r in batch:
+                groups.setdefault(r.key, []).append(r)
+            for reqs in groups.values():
+                self._run_group(reqs)
+
+    def _run_group(self, reqs: list[_Request]) -> None:
+        try:
+            gens = self.backend.generate_ids([r.ids for r in reqs], reqs[0].params,
+                                             seeds=[r.params.seed for r in reqs])
+            for r, g in zip(reqs, gens):
+                r.gen = g
+        except Exception as e:   # never let the generation thread die: every waiter gets an answer
+            log.exception("generation of a batch of %d failed", len(reqs))
+            for r in reqs:
+                r.error = f"{type(e).__name__}: {e}"
+        finally:
+            with self._stats_lock:
+                self._stats["batches"] += 1
+                self._stats["batched_requests"] += len(reqs)
+                self._stats["max_batch_seen"] = max(self._stats["max_batch_seen"], len(reqs))
+            for r in reqs:
+                r.done.set()
+
     # -- routes
     def handle(self, handler, method, path):
         if method == "GET" and path in ("/health", "/v1/health"):
@@ -290,6 +616,7 @@ class ModelServer(BackgroundHTTPServer):
                                                      "created": 0, "owned_by": "mimesis_lab"}]}
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             self._count("requests")
+            self._arrival(+1)
             try:
                 body = handler.read_json()
                 if not isinstance(body, dict):
@@ -302,6 +629,8 @@ class ModelServer(BackgroundHTTPServer):
             except HTTPError as e:
                 self._count("bad_requests" if e.status < 500 else "generation_errors")
                 raise
+            finally:
+                self._arrival(-1)
         raise HTTPError(404, f"no route for {method} {path}", "not_found")
 
     def _sampling(self, body: dict) -> SamplingParams:
@@ -313,10 +642,12 @@ class ModelServer(BackgroundHTTPServer):
         if stop_ids is not None and (not isinstance(stop_ids, list)
                                      or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
             raise HTTPError(400, "'stop_token_ids' must be a list of integers")
+        seed = _num(body, "seed", None, int)
+        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise HTTPError(400, f"'seed' must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {seed}")
         try:
             return SamplingParams(max_new_tokens=max_tokens, temperature=_num(body, "temperature", 1.0),
-                                  top_p=_num(body, "top_p", 1.0), seed=_num(body, "seed", None, int),
-                                  stop_token_ids=stop_ids or None)
+                                  top_p=_num(body, "top_p", 1.0), seed=seed, stop_token_ids=stop_ids or None)
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
 
@@ -365,10 +696,12 @@ class ModelServer(BackgroundHTTPServer):
 
     def _chat(self, body: dict) -> dict:
         messages, params, stops = _messages(body), self._sampling(body), self._stops(body)
-        with self._lock:
-            gen = self.backend.generate([messages], params)[0]
-        if not gen.ok and (gen.error or "").startswith("chat template failed"):
-            raise HTTPError(400, gen.error)
+        try:
+            with self._tok_lock:
+                ids = _render_chat(self.tokenizer, messages)
+        except Exception as e:
+            raise HTTPError(400, f"chat template failed: {type(e).__name__}: {e}") from None
+        gen = self._submit(ids, params)
         text, finish, logprobs = self._finish(gen, body, stops)
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                   "logprobs": {"content": logprobs} if logprobs is not None else None}
@@ -379,14 +712,16 @@ class ModelServer(BackgroundHTTPServer):
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = [int(t) for t in prompt]
         elif isinstance(prompt, str) and prompt:
-            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            with self._tok_lock:
+                ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         else:
             raise HTTPError(400, "'prompt' must be a non-empty string or a list of token ids")
+        if not ids:
+            raise HTTPError(400, "'prompt' tokenises to nothing")
         if max(ids) >= len(self.tokenizer) or min(ids) < 0:
             raise HTTPError(400, "'prompt' holds token ids outside the vocabulary")
         params, stops = self._sampling(body), self._stops(body)
-        with self._lock:
-            gen = self.backend.generate_ids([ids], params)[0]
+        gen = self._submit(ids, params)
         text, finish, logprobs = self._finish(gen, body, stops)
         lp = None
         if logprobs is not None:
@@ -402,6 +737,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-batch", type=int, default=32, help="requests per generation call (1: one at a time)")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="a batch waits for more requests while they arrive less than this apart")
+    p.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="and never longer than this")
+    p.add_argument("--prefix-cache-tokens", type=int, default=0, help="KV cache kept across requests (0: off)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from mimesis_lab.models import load_model
@@ -410,7 +750,9 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model)
     srv = ModelServer(model, tok, host=args.host, port=args.port,
-                      model_name=args.served_model_name or args.model).start()
+                      model_name=args.served_model_name or args.model, max_batch=args.max_batch,
+                      batch_wait_ms=args.batch_wait_ms, max_batch_wait_ms=args.max_batch_wait_ms,
+                      prefix_cache_tokens=args.prefix_cache_tokens).start()
     log.info("serving %s at %s", args.model, srv.url)
     srv.serve_forever()
     return 0

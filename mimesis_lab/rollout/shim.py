@@ -63,7 +63,17 @@ flight, idle for ``idle_evict_s``); if every live episode is busy the new one ge
 Evicted ids are remembered (bounded) so a late request or read for one answers 410 instead of
 silently restarting its turn count at 0. An episode takes at most ``max_turns`` turns (409
 after that), each entry keeps at most ``max_reasoning_chars`` characters (``truncated`` counts
-the cut ones) and request bodies are limited by the HTTP layer.
+the cut ones) and request bodies are limited by the HTTP layer (size, a bounded wait for the
+body, bad or too deeply nested JSON → 400); at most ``max_inbound`` client connections are
+served at once (default ``max(1024, max_episodes + 256)``: every live episode's user may hold a
+keep-alive connection), more get 503.
+
+**Timeouts.** ``timeout_s`` bounds the whole upstream call — waiting for a pooled connection,
+connecting, sending and receiving share one deadline (not ``timeout_s`` per phase) — so the
+shim answers 502 within about ``timeout_s``; its clients must wait longer
+(:meth:`EndpointUser.from_params` waits ``timeout_s +``
+:data:`~mimesis_lab.rollout.user_side.SHIM_MARGIN_S`), so that a slow turn is answered 502 with
+nothing stored rather than abandoned by the client after the shim stored it.
 
 Binds 127.0.0.1 by default: the buffer holds the simulator's private reasoning.
 
@@ -133,6 +143,29 @@ def split_reasoning(content: str) -> tuple[str, str, bool]:
     return reasoning, utterance, False
 
 
+class _Deadline(dict):
+    """An httpx ``timeout`` extension whose every phase gets what is left of one deadline.
+
+    httpcore reads a phase's timeout (``pool``, ``connect``, ``write``, ``read``) from this mapping
+    when the phase starts, so the phases together take at most ``seconds`` (the read of an upstream
+    that trickles its answer byte by byte is the exception: each receive gets what is left)."""
+
+    PHASES = ("connect", "read", "write", "pool")
+
+    def __init__(self, seconds: float):
+        super().__init__(dict.fromkeys(self.PHASES, seconds))
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.001, self.deadline - time.monotonic())
+
+    def get(self, key, default=None):
+        return self.left() if key in self.PHASES else super().get(key, default)
+
+    def __getitem__(self, key):
+        return self.left() if key in self.PHASES else super().__getitem__(key)
+
+
 class InvalidEpisodeId(HTTPError, ValueError):
     """An episode id outside ``[A-Za-z0-9_.:-]{1,128}`` (HTTP 400)."""
 
@@ -152,16 +185,25 @@ class _Episode:
 
 class PrivilegedShim(BackgroundHTTPServer):
     """The privileged proxy (module docstring). ``url`` is the shim root; episode base URLs are
-    :meth:`episode_url`. ``privileged(episode)`` reads a buffer in-process."""
+    :meth:`episode_url`. ``privileged(episode)`` reads a buffer in-process.
+
+    ``max_connections``: connections to the upstream (pooled); ``max_inbound``: client connections
+    served at once (``None``: ``max(1024, max_episodes + 256)``; the attribute ``max_connections``
+    of a started shim is this inbound cap, as for every :class:`BackgroundHTTPServer`);
+    ``body_timeout_s``: see :class:`~mimesis_lab.rollout.serve.BackgroundHTTPServer`."""
 
     def __init__(self, upstream_base_url: str, host: str = "127.0.0.1", port: int = 0, max_episodes: int = 1024,
                  timeout_s: float = 60, max_turns: int = 512, max_reasoning_chars: int = 65536,
-                 idle_evict_s: float = 0.0, max_connections: int = 256, token: str | None = None):
-        super().__init__(host, port)
+                 idle_evict_s: float = 0.0, max_connections: int = 256, token: str | None = None,
+                 max_inbound: int | None = None, body_timeout_s: float = 30.0):
+        super().__init__(host, port, body_timeout_s=body_timeout_s,
+                         max_connections=max_inbound if max_inbound is not None else max(1024, max_episodes + 256))
         self.token = token or secrets.token_urlsafe(32)      # the privileged routes' bearer token
         self.nonce = secrets.token_urlsafe(16)               # the run namespace of every episode URL
         if max_episodes < 1 or max_turns < 1:
             raise ValueError("max_episodes and max_turns must be >= 1")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.upstream = upstream_base_url.rstrip("/")
         self.max_episodes, self.max_turns = max_episodes, max_turns
         self.max_reasoning_chars, self.idle_evict_s = max_reasoning_chars, idle_evict_s
@@ -296,7 +338,8 @@ class PrivilegedShim(BackgroundHTTPServer):
         if auth and not hmac.compare_digest(auth.partition(" ")[2].strip().encode(), self.token.encode()):
             headers["Authorization"] = auth          # the upstream's key; the shim token never leaves
         try:
-            resp = self._client.post(f"{self.upstream}/chat/completions", json=body, headers=headers)
+            resp = self._client.post(f"{self.upstream}/chat/completions", json=body, headers=headers,
+                                     extensions={"timeout": _Deadline(self.timeout_s)})
         except httpx.TimeoutException as e:
             raise HTTPError(502, f"upstream timeout after {self.timeout_s}s: {type(e).__name__}", "upstream_error")
         except httpx.HTTPError as e:
@@ -311,7 +354,7 @@ class PrivilegedShim(BackgroundHTTPServer):
             for c in choices:
                 if not isinstance(c.get("message", {}).get("content"), str):
                     raise ValueError("a choice has no message content")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise HTTPError(502, f"malformed upstream response: {type(e).__name__}: {e}", "upstream_error")
         return data
 
