@@ -363,6 +363,12 @@ def test_sigkill_then_resume_equals_uninterrupted(run_a, project: Project):
         assert torch.equal(wa[k], wk[k]), k                          # bit-exact
     ref = {r["step"]: r["loss"] for r in _records(run_a["out"], "train")}
     assert all(r["loss"] == ref[r["step"]] for r in train)
+    # the exported summary is a function of the run, not of when or where it ran: no wall time (it goes
+    # to metrics.jsonl and MLflow), so the same weights give the same DVC hash of final/
+    sa, sk = (json.loads((o / "final" / "training_summary.json").read_text()) for o in (run_a["out"], out))
+    assert not [k for k in sa if "time" in k]
+    assert {k: v for k, v in sa.items() if k != "checkpoint"} == {k: v for k, v in sk.items() if k != "checkpoint"}
+    assert _records(out, "final")[-1]["wall_time_s"] > 0
 
 
 def test_resume_at_epoch_boundary_trains_exactly_the_remaining_steps(run_a, project: Project):
