@@ -183,6 +183,7 @@ def build(out: Path, *, steps: int = 30, sft_steps: int = 300, tracking_uri: str
                               artifact_location=str(out / "mlflow-artifacts"), experiment=experiment,
                               agent_model="mimesis-agent-signal")
     params.pop("agent_csd", None)   # only agent_grpo is set up here (csd_validity adds its own agent_csd)
+    params["gyms"]["tasks"] = {g: None for g in params["gyms"]["tasks"]}   # the bundled task files, as the rows
     cfg = params["agent_grpo"]
     cfg.update(init_from=str(Path(init_from).resolve() if init_from else out / "init"), data=str(out / "travel.parquet"), gyms={"travel": 1.0},
                deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=steps, prompts_per_step=prompts,

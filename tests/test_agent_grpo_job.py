@@ -75,6 +75,7 @@ def job(tmp_path_factory):
     srv = serve_user(lambda raw: REPLY)
     params = resolve_groups(yaml.safe_load((ROOT / "params.yaml").read_text()))   # agent_grpo in full
     params["tracking"]["enabled"] = False
+    params["gyms"]["tasks"] = {g: None for g in params["gyms"]["tasks"]}   # the rows come from the bundled tasks
     cfg = params["agent_grpo"]
     cfg.update(init_from=str(tmp / "agent"), data=str(tmp / "gyms.parquet"), gyms={"travel": 1.0, "persuade": 1.0},
                deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"), steps=2, prompts_per_step=2,
