@@ -149,7 +149,8 @@ def test_full_repro_trains_through_sim_rl(project):
     _check_agent_runs_in_mlflow(project)
     _check_evaluation(project)
     out, dt = _repro(project)
-    assert "Running stage" not in out and dt <= 3.0, out
+    assert "Running stage" not in out, out
+    assert dt <= 6.0, f"no-op dvc repro of the whole pipeline took {dt:.2f}s"   # 2.5 s measured on an idle 2-core machine
 
 
 def _check_agent_runs_in_mlflow(project: Path) -> None:

@@ -43,10 +43,11 @@ def _best(values: Mapping[str, Any], lower: bool = False) -> set[str]:
 
 
 SYNTHETIC_NOTE = (
-    "**Read this first.** The default world is synthetic: the bundled fixtures in `data/raw/` were written for "
-    "this project, and the default models are tiny and trained for minutes on CPU. This miniature shows the "
-    "mechanism end to end, not the paper's effect sizes; failing targets here are expected. Run the same pipeline "
-    "on real data and checkpoints (`configs/paper/`) to test the claims.")
+    "**Read this first.** The default data is a seeded synthetic world (`mimesis_lab/world`: one population of "
+    "users from which every raw input is drawn), and the default models are tiny and trained for minutes on CPU. "
+    "This miniature shows the mechanism end to end, not the paper's effect sizes; a failing target says which "
+    "phase does not yet do its job here. Run the same pipeline on real data and checkpoints (`configs/paper/`) to "
+    "test the claims.")
 
 EFFECT_LABELS = {
     "midtrain_loss_ratio": "final / initial val loss",
