@@ -13,6 +13,7 @@ that give RL choices to weigh; :meth:`Expert.coin` draws those deviations.
 """
 from __future__ import annotations
 
+import abc
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generator
@@ -42,7 +43,7 @@ def agent_view(row: dict[str, Any]) -> AgentView:
                      prompt=tuple((str(m["role"]), str(m["content"])) for m in row["prompt"]))
 
 
-class Expert:
+class Expert(abc.ABC):
     """A hand-written agent of one gym (module docstring). ``act(observation)`` → the next
     ``(choice, content)``, or ``None`` when it has nothing more to do; ``turns_left`` counts the
     turns still allowed (``max_turns`` in all, the gym's step limit)."""
@@ -82,5 +83,6 @@ class Expert:
         self.turns += 1
         return action
 
+    @abc.abstractmethod
     def policy(self) -> Generator[Action, str, None]:
-        raise NotImplementedError
+        """The gym's play: ``observation = yield (choice, content)`` until the episode is done."""
