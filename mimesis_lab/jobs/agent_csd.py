@@ -37,7 +37,6 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -51,11 +50,9 @@ from mimesis_lab.rl.csd import (PlaceboPool, TeacherRow, build_teacher_row, gath
                                 pad_teacher_rows, select_turns, teacher_index, teacher_logprobs,
                                 teacher_logprobs_from_prefix, turn_alignment, turn_positions)
 from mimesis_lab.rl.losses import csd_gate, csd_loss, ppo_clip_loss
-from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows, policy_state_dict, token_logprobs
-from mimesis_lab.rl.ppo import PPOStats, load_rl_ds_config, policy_engine, ppo_update
-from mimesis_lab.train.checkpoint import CHECKPOINTS, resume_point, run_fingerprint
-from mimesis_lab.train.metrics_log import window_means
-from mimesis_lab.train.runtime import TrainConfigError, all_reduce, dist_init, gather, job_main, say, set_lr
+from mimesis_lab.rl.policy import micro_chunks, minibatch_plan, pad_update_rows, policy_state_dict, token_logprobs
+from mimesis_lab.rl.ppo import PPOStats, ppo_update, rollout_summary, start_policy_job
+from mimesis_lab.train.runtime import all_reduce, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
 
@@ -254,9 +251,7 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
     loss_stats = dict.fromkeys(LOSS_STATS, 0.0)
     first = True
     for _ in range(cfg.ppo_epochs):
-        parts = minibatch_indices(len(rows), cfg.minibatches, rng) if rows else []
-        parts += [[] for _ in range(cfg.minibatches - len(parts))]
-        for part in parts:
+        for part in minibatch_plan(len(rows), cfg.minibatches, rng):
             chunks = micro_chunks(part, cfg.micro_rows) if part else []
             n_tok, n_csd = all_reduce([float(sum(rows[i].n_response for i in part)),
                                        float(sum(csd.tokens(rows[i]) for i in part))])
@@ -305,19 +300,10 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
     from mimesis_lab.rollout.backends import colocated_backend
 
     cfg = getattr(params, phase)
-    rank, world = dist_init()
-    if world != cfg.world_size:
-        raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
-    ds_config = load_rl_ds_config(phase, cfg)
     inputs, extra = agent_inputs(cfg)
-    fingerprint = run_fingerprint(phase, cfg, ds_config, inputs, job_module="mimesis_lab.jobs.agent_csd",
-                                  extra=extra)
-    ckpt_root = Path(cfg.output_dir) / CHECKPOINTS
-    resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))
-    if rank == 0:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-    tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    job = start_policy_job(phase, cfg, inputs, job_module="mimesis_lab.jobs.agent_csd", extra=extra)
+    rank, world, fingerprint, resume = job.rank, job.world, job.fingerprint, job.resume
+    tokenizer, engine, optimizer, pad_id = job.tokenizer, job.engine, job.optimizer, job.pad_id
 
     server = shim = run = csd = None
     ok = False
@@ -373,9 +359,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
             step += 1
             run.end_step(step, metrics, records, t0)
         history = run.history
-        summary = run.finish({**{k: v for k, v in window_means(history, SUMMARY_KEYS).items() if v is not None},
-                              "invalid_rollouts_total": sum(r.get("invalid_total", 0.0) for r in history),
-                              "rollouts_total": sum(r.get("rollouts", 0.0) for r in history)})
+        summary = run.finish(rollout_summary(history, SUMMARY_KEYS, keep_missing=False))
         ok = True
         return summary
     finally:

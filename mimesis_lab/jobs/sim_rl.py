@@ -30,11 +30,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mimesis_lab.rl.policy import policy_state_dict
-from mimesis_lab.rl.ppo import load_rl_ds_config, policy_engine, ppo_update
+from mimesis_lab.rl.ppo import ppo_update, rollout_summary, start_policy_job
 from mimesis_lab.rl.sim_batch import AccountingError, build_update_rows, step_metrics
-from mimesis_lab.train.checkpoint import CHECKPOINTS, resume_point, run_fingerprint
-from mimesis_lab.train.metrics_log import window_means
-from mimesis_lab.train.runtime import TrainConfigError, dist_init, gather, job_main, say, set_lr
+from mimesis_lab.train.runtime import TrainConfigError, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
 
@@ -71,19 +69,11 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     from mimesis_lab.rollout.sim_rollout import run_episodes, score_rollouts
 
     cfg = params.sim_rl
-    rank, world = dist_init()
-    if world != cfg.world_size:
-        raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
-    ds_config = load_rl_ds_config(phase, cfg)
     inputs = {"init_from": cfg.init_from, "kb": cfg.kb, "guidelines": cfg.guidelines,
               **{f"task:{name}": t.data for name, t in cfg.tasks.items()}}
-    fingerprint = run_fingerprint(phase, cfg, ds_config, inputs, job_module="mimesis_lab.jobs.sim_rl")
-    ckpt_root = Path(cfg.output_dir) / CHECKPOINTS
-    resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))
-    if rank == 0:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-    tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    job = start_policy_job(phase, cfg, inputs, job_module="mimesis_lab.jobs.sim_rl")
+    rank, world, fingerprint, resume = job.rank, job.world, job.fingerprint, job.resume
+    tokenizer, engine, optimizer, pad_id = job.tokenizer, job.engine, job.optimizer, job.pad_id
 
     # -- tasks, judge, rollout engine ----------------------------------------------------------------
     task_rows: dict[str, list[dict[str, Any]]] = {}
@@ -147,9 +137,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
             step += 1
             run.end_step(step, metrics, records, t0)
         history = run.history
-        summary = run.finish({**window_means(history, SUMMARY_KEYS),
-                              "invalid_rollouts_total": sum(r.get("invalid_total", 0.0) for r in history),
-                              "rollouts_total": sum(r.get("rollouts", 0.0) for r in history)})
+        summary = run.finish(rollout_summary(history, SUMMARY_KEYS))
         ok = True
         return summary
     finally:

@@ -28,6 +28,13 @@ def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor |
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {ref_name}'s {tuple(ref.shape)}")
 
 
+def _finite_non_negative(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     if not t.is_floating_point():
         raise ValueError(f"log-probabilities must be a floating tensor, got {t.dtype}")
@@ -68,9 +75,7 @@ def ppo_clip_loss(
         clip_eps: ``eps`` of the clip range, ``>= 0``.
     """
     _check_same_shape("logp", logp, old_logp=old_logp, mask=mask)
-    clip_eps = float(clip_eps)
-    if not math.isfinite(clip_eps) or clip_eps < 0:
-        raise ValueError(f"clip_eps must be a finite number >= 0, got {clip_eps}")
+    clip_eps = _finite_non_negative("clip_eps", clip_eps)
     dtype = _compute_dtype(logp)
     sel = mask != 0
     adv = torch.broadcast_to(torch.as_tensor(adv, device=logp.device).detach(), logp.shape).to(dtype)
@@ -145,9 +150,7 @@ def csd_gate(
     """
     _check_same_shape("student_logp", student_logp, teacher_logp=teacher_logp, mask=mask,
                       placebo_logp=placebo_logp)
-    beta = float(beta)
-    if not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    beta = _finite_non_negative("beta", beta)
     dtype = _compute_dtype(student_logp)
     sel = mask != 0
     zero = torch.zeros((), dtype=dtype, device=student_logp.device)

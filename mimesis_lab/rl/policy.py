@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 __all__ = ["UpdateRow", "segment_row", "pad_update_rows", "token_logprobs", "cache_layers", "minibatch_indices",
-           "micro_chunks", "policy_state_dict"]
+           "minibatch_plan", "micro_chunks", "policy_state_dict"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,13 @@ def minibatch_indices(n: int, minibatches: int, rng: random.Random) -> list[list
         out.append(order[pos:pos + step])
         pos += step
     return [m for m in out if m]
+
+
+def minibatch_plan(n_rows: int, minibatches: int, rng: random.Random) -> list[list[int]]:
+    """Exactly ``minibatches`` parts of ``range(n_rows)`` (:func:`minibatch_indices`, then empty parts): every
+    rank runs the same number of optimizer steps per pass, whatever its share of rows."""
+    parts = minibatch_indices(n_rows, minibatches, rng) if n_rows else []
+    return parts + [[] for _ in range(minibatches - len(parts))]
 
 
 def micro_chunks(idx: Sequence[int], micro_rows: int) -> list[list[int]]:

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from mimesis_lab.rl.losses import ppo_clip_loss
-from mimesis_lab.rl.policy import UpdateRow, micro_chunks, minibatch_indices, pad_update_rows, token_logprobs
-from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, load_ds_config, make_engine,
-                                       require_model_folder)
+from mimesis_lab.rl.policy import UpdateRow, micro_chunks, minibatch_plan, pad_update_rows, token_logprobs
+from mimesis_lab.train.checkpoint import CHECKPOINTS, resume_point, run_fingerprint
+from mimesis_lab.train.metrics_log import window_means
+from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, load_ds_config, make_engine,
+                                       require_model_folder, say)
 
-__all__ = ["load_rl_ds_config", "policy_engine", "ppo_update", "PPOStats", "zero_weight_pass"]
+__all__ = ["load_rl_ds_config", "policy_engine", "PolicyJob", "start_policy_job", "rollout_summary", "ppo_update",
+           "PPOStats", "zero_weight_pass"]
 
 
 class PPOStats:
@@ -85,9 +90,7 @@ def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, 
     stats = PPOStats()
     first = True
     for _ in range(cfg.ppo_epochs):
-        parts = minibatch_indices(len(rows), cfg.minibatches, rng) if rows else []
-        parts += [[] for _ in range(cfg.minibatches - len(parts))]
-        for part in parts:
+        for part in minibatch_plan(len(rows), cfg.minibatches, rng):
             chunks = micro_chunks(part, cfg.micro_rows) if part else []
             n_tok, _ = all_reduce([float(sum(rows[i].n_response for i in part)), 0.0])
             n_micro = int(all_reduce([float(len(chunks))], "max")[0])
@@ -135,3 +138,47 @@ def policy_engine(phase: str, cfg: Any, ds_config: dict[str, Any]):
         raise TrainConfigError("ZeRO-3 partitions the weights: colocated transformers rollouts need ZeRO <= 2 "
                                "(use the vllm backend with ZeRO-3)")
     return tokenizer, engine, optimizer
+
+
+@dataclass
+class PolicyJob:
+    """What an RL recipe has once its job is open (:func:`start_policy_job`)."""
+
+    rank: int
+    world: int
+    fingerprint: str
+    resume: tuple[Path, str] | None
+    tokenizer: Any
+    engine: Any
+    optimizer: Any
+    pad_id: int
+
+
+def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_module: str,
+                     extra: dict[str, Any] | None = None) -> PolicyJob:
+    """The opening every RL recipe shares: the process group (checked against ``cfg.world_size``), the RL
+    DeepSpeed JSON, the run fingerprint (:func:`~mimesis_lab.train.checkpoint.run_fingerprint` over ``inputs``,
+    ``extra`` and ``job_module``'s code), where to resume (fails fast, before any heavy work), and the policy
+    engine with dropout off."""
+    rank, world = dist_init()
+    if world != cfg.world_size:
+        raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
+    ds_config = load_rl_ds_config(phase, cfg)
+    fingerprint = run_fingerprint(phase, cfg, ds_config, inputs, job_module=job_module, extra=extra)
+    ckpt_root = Path(cfg.output_dir) / CHECKPOINTS
+    resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))
+    if rank == 0:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+    tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return PolicyJob(rank, world, fingerprint, resume, tokenizer, engine, optimizer, pad_id)
+
+
+def rollout_summary(history: list[dict[str, float]], keys: tuple[str, ...], keep_missing: bool = True
+                    ) -> dict[str, Any]:
+    """The summary of an RL run: first/last-window means of ``keys`` (``keep_missing=False`` leaves out
+    the keys a run never logged) and the total of rollouts and of invalid rollouts."""
+    windows = window_means(history, keys)
+    return {**{k: v for k, v in windows.items() if keep_missing or v is not None},
+            "invalid_rollouts_total": sum(r.get("invalid_total", 0.0) for r in history),
+            "rollouts_total": sum(r.get("rollouts", 0.0) for r in history)}
