@@ -25,8 +25,9 @@ Kinds (:class:`~mimesis_lab.config_eval.EvalUserParams`):
   prompt (the prompted-baseline user).
 * ``openai`` — an external OpenAI-compatible endpoint, also through the shim.
 
-Every model-backed reply is checked (:class:`GuardedUser`): a refusal to play the user
-(:func:`~mimesis_lab.rollout.sim_rollout.is_refusal`) ends the episode invalid ``refusal``, and a
+Every model-backed reply is checked: a refusal to play the user
+(:func:`~mimesis_lab.rollout.sim_rollout.is_refusal`, checked by the endpoint user) ends the episode invalid
+``refusal``, and (:class:`GuardedUser`) a
 PersuadeGym reply without a parseable ``Stance: N`` ends it invalid ``user_error`` — the gym
 would otherwise keep the old stance and pay reward 0, the "fixed sentence" failure of SPEC §4.2
 that must not count as the agent's failure. Endpoint errors and timeouts are already reported by
@@ -237,9 +238,9 @@ class ScriptedEvalUser:
 
 # ----------------------------------------------------------------------------------- model-backed users
 class GuardedUser:
-    """Wraps an endpoint user: puts ``instruction`` before the gym's user system prompt, and turns a
-    refusal into ``UserSideError("refusal")`` and a PersuadeGym reply without a stance into
-    ``UserSideError("user_error")`` (module docstring). ``replies`` are the inner user's."""
+    """Wraps an endpoint user: puts ``instruction`` before the gym's user system prompt and turns a
+    PersuadeGym reply without a stance into ``UserSideError("user_error")`` (module docstring); refusals
+    are caught by the endpoint user itself (:class:`~mimesis_lab.rollout.user_side.EndpointUser`). ``replies`` are the inner user's."""
 
     def __init__(self, inner: Any, gym_name: str, instruction: str | None = None):
         self.inner, self.gym_name, self.instruction = inner, gym_name, instruction
@@ -250,7 +251,6 @@ class GuardedUser:
 
     def respond(self, messages: list[dict[str, str]]) -> UserReply:
         from mimesis_lab.envs.gyms.persuade import parse_stance
-        from mimesis_lab.rollout.sim_rollout import is_refusal
 
         msgs = [dict(m) for m in messages]
         if self.instruction:
@@ -258,10 +258,8 @@ class GuardedUser:
                 msgs[0]["content"] = f"{self.instruction}\n\n{msgs[0]['content']}"
             else:
                 msgs.insert(0, {"role": "system", "content": self.instruction})
-        reply = self.inner.respond(msgs)
+        reply = self.inner.respond(msgs)      # a refusal comes back as UserReply(reason="refusal") (EndpointUser)
         if reply.text is not None and reply.text.strip():
-            if is_refusal(reply.text):
-                raise UserSideError("refusal", f"the user model declined the role: {reply.text[:160]!r}")
             if self.gym_name == "persuade" and parse_stance(reply.text) is None:
                 raise UserSideError("user_error", f"PersuadeGym user reply has no `Stance: N` line (the stance, "
                                     f"hence the reward, is unobservable): {reply.text[:160]!r}")
