@@ -36,17 +36,9 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
 from flows.crashed import claim_flow_run  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
-from mimesis_lab.config import Params, flatten, load_params  # noqa: E402
+from mimesis_lab.config import Params, flatten, load_params, phase_params  # noqa: E402
 
 EVAL_PHASES = ("sim_eval", "agent_eval", "report")
-
-
-def phase_params(params: Any, phase: str) -> Any:
-    """``params.<phase>``, or a clear error when the section is absent."""
-    cfg = getattr(params, phase, None)
-    if cfg is None:
-        raise ValueError(f"params has no `{phase}` section")
-    return cfg
 
 
 # ----------------------------------------------------------------------------- flattening (pure)

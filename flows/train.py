@@ -35,19 +35,12 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
 from flows.crashed import claim_flow_run  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
-from mimesis_lab.config import Params, SimRLParams, TrainParams, flatten, load_params  # noqa: E402
+from mimesis_lab.config import flatten, load_params, phase_params  # noqa: E402
 
 PHASES = ("midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd")
 REGISTERED_MODEL = "mimesis-simulator"
 SUMMARY_KEYS = ("initial_val_loss", "final_val_loss", "steps", "first_reward_raw_mean", "last_reward_raw_mean",
                 "first_reward_update_mean", "last_reward_update_mean", "invalid_rollouts_total")
-
-
-def phase_params(params: Params, phase: str) -> TrainParams | SimRLParams:
-    cfg = getattr(params, phase, None)
-    if cfg is None:
-        raise ValueError(f"params has no `{phase}` section")
-    return cfg
 
 
 def summary_markdown(phase: str, summary: dict[str, Any], url: str, version: str | None,

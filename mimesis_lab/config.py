@@ -556,6 +556,14 @@ def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     return parse_params(data, path)
 
 
+def phase_params(params: Params, phase: str) -> Any:
+    """``params.<phase>`` (the resolved section a flow runs), or a clear error when the file has none."""
+    cfg = getattr(params, phase, None)
+    if cfg is None:
+        raise ValueError(f"params has no `{phase}` section")
+    return cfg
+
+
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """Flatten nested mappings to dotted keys (for MLflow params)."""
     out: dict[str, Any] = {}
