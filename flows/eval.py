@@ -35,6 +35,7 @@ from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
 from flows.crashed import claim_flow_run  # noqa: E402
+from flows.prefect_api import shared_server  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, flatten, load_params, phase_params  # noqa: E402
 
@@ -319,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", nargs="+", default=list(EVAL_PHASES), choices=list(FLOWS))
     ap.add_argument("--params", default="params.yaml")
     args = ap.parse_args(argv)
-    for phase in [p for p in EVAL_PHASES if p in args.phases]:
-        FLOWS[phase](params_path=args.params)
+    with shared_server():       # one Prefect API server for the whole dvc repro (flows/prefect_api.py)
+        for phase in [p for p in EVAL_PHASES if p in args.phases]:
+            FLOWS[phase](params_path=args.params)
     return 0
 
 

@@ -34,6 +34,7 @@ from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
 from flows.crashed import claim_flow_run  # noqa: E402
+from flows.prefect_api import shared_server  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import flatten, load_params, phase_params  # noqa: E402
 
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="override the phases' world_size")
     args = ap.parse_args(argv)
-    train_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
+    with shared_server():       # one Prefect API server for the whole dvc repro (flows/prefect_api.py)
+        train_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
     return 0
 
 
