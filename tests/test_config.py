@@ -122,7 +122,7 @@ def test_a_shared_group_is_written_once_and_read_by_each_phase():
     assert (p.agent_grpo.output_dir, p.agent_csd.output_dir) == ("models/agent_grpo", "models/agent_csd")
     # sft_run.deepspeed_config reaches midtrain, sft and agent_sft; lr is each phase's own
     assert p.midtrain.deepspeed_config == p.sft.deepspeed_config == p.agent_sft.deepspeed_config
-    assert (p.midtrain.lr, p.sft.lr, p.agent_sft.lr) == (0.005, 0.003, 0.005)
+    assert (p.midtrain.lr, p.sft.lr, p.agent_sft.lr) == (0.005, 0.006, 0.005)
 
 
 def test_a_phase_section_overrides_its_group():
@@ -132,7 +132,7 @@ def test_a_phase_section_overrides_its_group():
     d["agent_csd"]["gyms"] = {"travel": 1.0}            # a mapping of free names is replaced whole
     p = C.parse_params(d)
     assert (p.agent_csd.lr, p.agent_grpo.lr) == (5.0e-5, 1.0e-4)
-    assert (p.agent_csd.rollout.max_turns, p.agent_grpo.rollout.max_turns) == (2, 3)
+    assert (p.agent_csd.rollout.max_turns, p.agent_grpo.rollout.max_turns) == (2, 5)
     assert p.agent_csd.rollout.temperature == d["agent_rl"]["rollout"]["temperature"]
     assert p.agent_csd.gyms == {"travel": 1.0} and len(p.agent_grpo.gyms) == 5
 
