@@ -351,6 +351,10 @@ class AgentUserParams(Section):
     max_new_tokens: int = Field(64, ge=1, description="Tokens per simulated user reply.")
     temperature: float = Field(1.0, ge=0, description="Simulator sampling temperature.")
     timeout_s: float = Field(60.0, gt=0, description="Per-reply timeout (a timeout makes the episode invalid).")
+    format_retries: int = Field(
+        0, ge=0, description="Resample a reply that is not a well-formed `<think>…</think>utterance` up to this "
+        "many times (new seed, nothing stored) before it counts as the turn; counted per step as "
+        "`user/format_resamples` and `user/format_recovered`. 0 = every reply is final.")
 
 
 class AgentGRPOParams(RLPhaseParams):

@@ -325,6 +325,37 @@ def test_shim_token_is_not_forwarded_upstream():
     assert [q["headers"].get("authorization") for q in up.requests] == ["Bearer sk-upstream", None]
 
 
+def test_format_retries_resample_a_malformed_reply_before_it_becomes_the_turn():
+    """format_retries=2: unclosed think, then two think blocks, then well-formed -> the third sample is the turn
+    (its reasoning stored once, seeds 7, 8, 9); with retries spent the last malformed sample is kept and counted."""
+    from tests.fake_openai import FakeOpenAI, answer
+
+    script = [answer("<think>i want it cheap"), answer("<think>a</think>x<think>b</think>y"),
+              answer("<think>under $90</think>cheap please"),
+              answer("<think>unclosed"), answer("<think>still unclosed"), answer("<think>never closed")]
+    with FakeOpenAI(script) as up:
+        shim = PrivilegedShim(up.base_url, format_retries=2).start()
+        try:
+            with httpx.Client(timeout=10, trust_env=False) as c:
+                r = c.post(f"{shim.episode_url('e')}/chat/completions",
+                           json={"messages": [{"role": "user", "content": "budget?"}], "seed": 7})
+                assert r.json()["choices"][0]["message"]["content"] == "cheap please"
+                assert shim.privileged("e") == ["under $90"]
+                assert shim.stats()["format_resamples"] == 2 and shim.stats()["format_recovered"] == 1
+                assert shim.stats()["format_failures"] == 0
+                r = c.post(f"{shim.episode_url('e')}/chat/completions",
+                           json={"messages": [{"role": "user", "content": "area?"}], "seed": 7})
+                assert r.json()["choices"][0]["message"]["content"] == ""
+        finally:
+            shim.stop()
+    assert [q["body"].get("seed") for q in up.requests] == [7, 8, 9, 7, 8, 9]
+    st = shim.stats()
+    assert st["format_resamples"] == 4 and st["format_recovered"] == 1 and st["format_failures"] == 1
+    assert st["turns"] == 2 and len(shim.privileged("e")) == 2
+    with pytest.raises(ValueError, match="format_retries"):
+        PrivilegedShim(up.base_url, format_retries=-1)
+
+
 # ----------------------------------------------------------------------------- tiny model server + EndpointUser
 
 CFG = ModelParams(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

@@ -346,7 +346,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats}
             metrics, records = None, []
             if rank == 0:
-                metrics = step_metrics(all_trajs, all_priv, bsum, upd, lr, batch.rollout_time_s)
+                metrics = step_metrics(all_trajs, all_priv, bsum, upd, lr, batch.rollout_time_s, batch.user_stats)
                 summed = {k: sum(c[k] for c in counts) for k in counts[0]}
                 summed["csd/coached_turn_share"] = summed["csd/rows"] / summed["csd/turns"] \
                     if summed["csd/turns"] else 0.0

@@ -72,14 +72,16 @@ def load_training_rows(cfg: Any, task_files: dict[str, str | None]) -> tuple[dic
 
 
 def step_metrics(trajs: list[Any], privileged: dict[str, list[str]], bsum: dict[str, float],
-                 upd: dict[str, float], lr: float, t_roll: float) -> dict[str, float]:
-    """Rank 0's metrics of one agent step (all ranks' trajectories)."""
+                 upd: dict[str, float], lr: float, t_roll: float,
+                 user_stats: dict[str, float] | None = None) -> dict[str, float]:
+    """Rank 0's metrics of one agent step (all ranks' trajectories; ``user/*``: rank 0's shim counters)."""
     m = agent_step_metrics(trajs)
     m["invalid_rate"] = m["invalid_total"] / max(m["rollouts"], 1.0)
     m.update({f"batch/{k}": v for k, v in bsum.items()})
     m.update(upd)
     m.update({"lr": lr, "rollout_time_s": t_roll, "episodes_per_s": len(trajs) / max(t_roll, 1e-9),
               "privileged_turns": float(sum(len(v) for v in privileged.values())), "privacy_leaks": 0.0})
+    m.update({f"user/{k}": v for k, v in (user_stats or {}).items()})
     return m
 
 
@@ -121,7 +123,7 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats}
             metrics, records = None, []
             if rank == 0:
-                metrics = step_metrics(all_trajs, all_priv, bsum, upd, lr, batch.rollout_time_s)
+                metrics = step_metrics(all_trajs, all_priv, bsum, upd, lr, batch.rollout_time_s, batch.user_stats)
                 records = [{**t.to_json(), "privileged": all_priv.get(t.traj_id, [])} for t in all_trajs]
             step += 1
             run.end_step(step, metrics, records, t0)

@@ -17,13 +17,15 @@ import json
 import random
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side", "privacy_leaks",
            "EpisodeBatch", "collect_episodes"]
 
+#: shim counters reported per step (``user/<key>``)
+USER_STAT_KEYS = ("format_failures", "format_resamples", "format_recovered")
 MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic to count as a leak
 
 
@@ -58,7 +60,8 @@ def start_user_side(user_cfg: Any, max_episodes: int):
         upstream, model = server.url, "local"
     else:
         upstream, model = user_cfg.openai.base_url, user_cfg.openai.model
-    shim = PrivilegedShim(upstream, timeout_s=user_cfg.timeout_s, max_episodes=max(1024, max_episodes))
+    shim = PrivilegedShim(upstream, timeout_s=user_cfg.timeout_s, max_episodes=max(1024, max_episodes),
+                          format_retries=getattr(user_cfg, "format_retries", 0))
     shim.start()
     return server, shim, model
 
@@ -87,6 +90,9 @@ class EpisodeBatch:
     privileged: dict[str, list[str]]
     replies: dict[str, list[str]]
     rollout_time_s: float
+    #: this rank's shim counters over the step: ``format_failures`` (replies kept malformed),
+    #: ``format_resamples`` and ``format_recovered`` (``user.format_retries``)
+    user_stats: dict[str, float] = field(default_factory=dict)
 
 
 def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: dict[str, list[dict[str, Any]]],
@@ -105,6 +111,7 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
     from mimesis_lab.rollout.user_side import EndpointUser
 
     t0 = time.perf_counter()
+    before = shim.stats()
     rng = random.Random(f"{cfg.seed}:{step}")
     names = sorted(rows_by_gym)
     groups = []
@@ -147,4 +154,6 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
     leaks = privacy_leaks(tokenizer, trajs, privileged)
     if leaks:
         raise PrivacyError(f"step {step + 1}: simulator reasoning found in {leaks} agent input(s)")
-    return EpisodeBatch(trajs, privileged, replies, t_roll)
+    after = shim.stats()
+    user_stats = {k: float(after.get(k, 0) - before.get(k, 0)) for k in USER_STAT_KEYS}
+    return EpisodeBatch(trajs, privileged, replies, t_roll, user_stats)

@@ -30,7 +30,11 @@ back (best effort: a client that timed out may not be noticed, so keep the shim'
 ``timeout_s`` below its clients' timeout). A malformed reply is still a turn: the utterance is
 the text with every think block removed (``public_text``) and the reasoning is the text inside
 them (counted in ``format_failures``); a reply that is only reasoning answers ``content: ""``
-with the reasoning stored — the caller decides what an empty user reply means.
+with the reasoning stored — the caller decides what an empty user reply means. With
+``format_retries=N`` a malformed reply is first resampled up to N times (the request's ``seed`` + k;
+nothing is stored for a discarded sample), counted in ``format_resamples`` and, when a resample is
+well-formed, ``format_recovered``: a small simulator's occasional unclosed think block then does not end
+the agent's episode.
 
 **Isolation.** A buffer is addressed only by its own id (``[A-Za-z0-9_.:-]{1,128}``, else
 400); there is no route that lists ids or reads another episode; :meth:`stats` holds counts only.
@@ -195,7 +199,7 @@ class PrivilegedShim(BackgroundHTTPServer):
     def __init__(self, upstream_base_url: str, host: str = "127.0.0.1", port: int = 0, max_episodes: int = 1024,
                  timeout_s: float = 60, max_turns: int = 512, max_reasoning_chars: int = 65536,
                  idle_evict_s: float = 0.0, max_connections: int = 256, token: str | None = None,
-                 max_inbound: int | None = None, body_timeout_s: float = 30.0):
+                 max_inbound: int | None = None, body_timeout_s: float = 30.0, format_retries: int = 0):
         super().__init__(host, port, body_timeout_s=body_timeout_s,
                          max_connections=max_inbound if max_inbound is not None else max(1024, max_episodes + 256))
         self.token = token or secrets.token_urlsafe(32)      # the privileged routes' bearer token
@@ -204,6 +208,9 @@ class PrivilegedShim(BackgroundHTTPServer):
             raise ValueError("max_episodes and max_turns must be >= 1")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if format_retries < 0:
+            raise ValueError(f"format_retries must be >= 0, got {format_retries}")
+        self.format_retries = format_retries
         self.upstream = upstream_base_url.rstrip("/")
         self.max_episodes, self.max_turns = max_episodes, max_turns
         self.max_reasoning_chars, self.idle_evict_s = max_reasoning_chars, idle_evict_s
@@ -217,7 +224,8 @@ class PrivilegedShim(BackgroundHTTPServer):
         self._tombstone_cap = max(4096, 4 * max_episodes)
         self._stats = dict.fromkeys(("requests", "turns", "upstream_errors", "bad_requests", "evictions",
                                      "rejected_busy", "rejected_gone", "format_failures", "truncated",
-                                     "rolled_back", "deleted", "unauthorized"), 0)
+                                     "rolled_back", "deleted", "unauthorized", "format_resamples",
+                                     "format_recovered"), 0)
 
     # -- public API
     @property
@@ -284,9 +292,9 @@ class PrivilegedShim(BackgroundHTTPServer):
             self._count("unauthorized")
             raise HTTPError(403, "wrong shim token", "forbidden")
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
-            self._stats[key] += 1
+            self._stats[key] += n
 
     def _evict_one(self) -> bool:
         """Evict the LRU finished episode, else the LRU idle one (caller holds ``_lock``)."""
@@ -358,6 +366,25 @@ class PrivilegedShim(BackgroundHTTPServer):
             raise HTTPError(502, f"malformed upstream response: {type(e).__name__}: {e}", "upstream_error")
         return data
 
+    def _forward_well_formed(self, handler, body: dict) -> dict:
+        """:meth:`_forward`, resampling up to ``format_retries`` times (seed + k, nothing stored in between)
+        while choice 0 is not a well-formed ``<think>…</think>utterance``; the last answer is kept either
+        way (a malformed one is then a counted format failure). ``format_resamples`` counts the extra
+        requests, ``format_recovered`` the turns a resample made well-formed."""
+        for k in range(self.format_retries + 1):
+            try:
+                data = self._forward(handler, body if k == 0 else {**body, "seed": int(body.get("seed") or 0) + k})
+            except HTTPError:
+                self._count("upstream_errors")
+                raise
+            if k == self.format_retries or split_reasoning(data["choices"][0]["message"]["content"])[2]:
+                if k:
+                    self._count("format_resamples", k)
+                    if split_reasoning(data["choices"][0]["message"]["content"])[2]:
+                        self._count("format_recovered")
+                return data
+        raise AssertionError("unreachable")
+
     def _scrub(self, data: dict) -> str:
         """Replace every choice's content by its public utterance; return choice 0's reasoning."""
         first = ""
@@ -391,11 +418,7 @@ class PrivilegedShim(BackgroundHTTPServer):
                     raise HTTPError(410, f"episode {episode} was removed while waiting", "episode_gone")
                 if len(ep.reasoning) >= self.max_turns:
                     raise HTTPError(409, f"episode {episode} reached max_turns={self.max_turns}", "too_many_turns")
-                try:
-                    data = self._forward(handler, body)
-                except HTTPError:
-                    self._count("upstream_errors")
-                    raise
+                data = self._forward_well_formed(handler, body)
                 reasoning = self._scrub(data)
                 with self._lock:
                     ep.reasoning.append(reasoning)
