@@ -494,13 +494,28 @@ def iter_parquet_frames(path: Path, schema: type, arrow_schema: pa.Schema, suspe
     md = pf.metadata
     size = sum(rg.column(j).total_uncompressed_size for rg in (md.row_group(i) for i in range(md.num_row_groups))
                for j in range(rg.num_columns) if rg.column(j).path_in_schema in columns)
-    batch_rows = max(1, int(batch_bytes * max(1, md.num_rows) // max(1, size)))
+    # First guess from the page sizes (dictionary-encoded pages understate the decoded size); then,
+    # per row group, from the decoded size of the batches read so far.
+    row_bytes = max(1.0, size / max(1, md.num_rows))
     src = str(p)
     first = 1
-    batches = pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal row_bytes
+        decoded = rows = 0
+        for i in range(md.num_row_groups):
+            size_rows = max(1, int(batch_bytes // row_bytes))
+            for b in pf.iter_batches(batch_size=size_rows, row_groups=[i], columns=columns, use_threads=False):
+                decoded += b.nbytes
+                rows += b.num_rows
+                yield b
+            if rows:
+                row_bytes = max(1.0, decoded / rows)
+
+    it = batches()
     while True:
         try:
-            batch = next(batches)
+            batch = next(it)
         except StopIteration:
             return
         except Exception as e:  # noqa: BLE001
