@@ -1,8 +1,11 @@
 """ABCD behaviour-task rows (SPEC §2.4): loading, grounded kwargs, independent grounding check.
 
-- :func:`load_abcd` reads ``{"train"|"dev"|"test": [...]}`` or a plain list; each record is
-  validated with a msgspec struct; malformed records and duplicate ``convo_id`` are
-  quarantined (row = 1-based index in its split list, reason with the JSON path).
+- :func:`load_abcd` reads ``{"train"|"dev"|"test": [...]}`` or a plain list, as plain JSON or as
+  released (``abcd_v1.1.json.gz``); each record is validated with a msgspec struct; malformed
+  records and duplicate ``convo_id`` are quarantined (row = 1-based index in its split list,
+  reason with the JSON path).
+- :func:`kb_reason` says why a scenario cannot be played with a kb (its subflow is not a kb
+  subflow: the scripted support agent has no actions for it); the stage quarantines it.
 - :func:`build_task_rows` gives one candidate row per valid conversation: a seeded
   ``round(neutral_share * n)`` are neutral, the rest cycle through B1..B13 in a seeded order
   (exactly balanced); where a behaviour cannot be grounded in a scenario it is swapped with
@@ -107,6 +110,22 @@ def load_abcd(path: Path, quarantine: Quarantine) -> tuple[list[AbcdRecord], int
             out.append(AbcdRecord(conv.convo_id, split, k + 1, src, rec["scenario"],
                                   [(s, t) for s, t in conv.original]))
     return out, rows_in
+
+
+def kb_reason(record: AbcdRecord, kb: dict[str, list[str]]) -> str | None:
+    """``unknown subflow: …`` when the scenario's subflow (FAQ variants by their base, ``timing_4`` →
+    ``timing``) is not a key of ``kb``, else ``None``."""
+    sub = str(record.scenario.get("subflow"))
+    if base_subflow(sub) in kb:
+        return None
+    return (f"unknown subflow: scenario subflow {sub!r} (flow {record.scenario.get('flow')!r}, convo_id "
+            f"{record.convo_id}) is not in the kb ({len(kb)} subflows), so the support agent has no actions for it")
+
+
+def record_raw(record: AbcdRecord) -> str:
+    """The quarantine ``raw`` of a loaded record."""
+    return to_raw({"convo_id": record.convo_id, "scenario": record.scenario,
+                   "original": [list(t) for t in record.original]})
 
 
 def load_kb(path: Path) -> dict[str, list[str]]:

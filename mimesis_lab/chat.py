@@ -5,12 +5,51 @@ polars form used by the ``role_swap`` stage. Both give identical results (tested
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 import polars as pl
 
 ROLES = ("system", "user", "assistant")
 _SWAP = {"user": "assistant", "assistant": "user"}
+
+#: Chat-template tokens and think tags (those of :mod:`mimesis_lab.tokenizer`, which Qwen's templates
+#: share). Inside public text they would split a rendered turn, or turn a human message into a
+#: reasoning block of an SFT target; the data stages quarantine such rows (:func:`markup_reason`).
+MARKUP_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>")
+MARKUP_PATTERN = "|".join(re.escape(t) for t in MARKUP_TOKENS)
+_MARKUP_RE = re.compile(MARKUP_PATTERN)
+
+
+def find_markup(text: str) -> str | None:
+    """The first chat-template token or think tag in ``text``, or ``None``."""
+    m = _MARKUP_RE.search(text)
+    return m.group(0) if m else None
+
+
+def markup_reason(messages: str, content: str = "content", role: str = "role") -> pl.Expr:
+    """Per row, null or ``markup: `{messages}[i].{content}` ({role} turn) contains '<tok>'`` for the
+    first message of the list[struct] column ``messages`` whose ``content`` holds a
+    :data:`MARKUP_TOKENS` string (vectorised :func:`find_markup`)."""
+    text = pl.element().struct.field(content)
+    hit = pl.col(messages).list.eval(text.str.contains(MARKUP_PATTERN).fill_null(False))
+    at = hit.list.arg_max()
+    msg = pl.col(messages).list.get(at, null_on_oob=True)
+    return pl.when(hit.list.any().fill_null(False)).then(pl.format(
+        "markup: `{}[{}].{}` ({} turn) contains the chat-template token or think tag '{}'",
+        pl.lit(messages), at, pl.lit(content), msg.struct.field(role),
+        msg.struct.field(content).str.extract(f"({MARKUP_PATTERN})", 1)))
+
+
+def empty_turn_reason(messages: str, human: str = "user", content: str = "content", role: str = "role") -> pl.Expr:
+    """Per row, null or ``empty human turn: `{messages}[i].{content}` is empty or whitespace only``
+    for the first message of role ``human`` without text (vectorised)."""
+    el = pl.element().struct
+    empty = pl.col(messages).list.eval(
+        ((el.field(role) == human) & (el.field(content).str.strip_chars().str.len_chars() == 0)).fill_null(False))
+    return pl.when(empty.list.any().fill_null(False)).then(pl.format(
+        "empty human turn: `{}[{}].{}` ({} turn) is empty or whitespace only",
+        pl.lit(messages), empty.list.arg_max(), pl.lit(content), pl.lit(human)))
 
 
 def role_swap(messages: Sequence[Mapping[str, Any]], swap: bool = True) -> list[dict[str, Any]]:

@@ -1,6 +1,8 @@
 """DVC stage ``behavior_tasks``: grounded ABCD behaviour-task rows for simulator RL (SPEC §2.4).
 
-Every valid ABCD conversation gives one candidate task row (a seeded neutral share, the 13
+ABCD is read as plain JSON or as released (``abcd_v1.1.json.gz``). A scenario whose subflow is not
+in the kb (``unknown subflow: …``), or for which the scripted support agent cannot start
+(``agent: …``), is quarantined. Every other valid ABCD conversation gives one candidate task row (a seeded neutral share, the 13
 behaviours balanced); each is checked by the independent grounding check (withheld information is
 available to the user, an infeasible request really conflicts with policy), failures are
 quarantined (``grounding: …``). Malformed ABCD records are quarantined too.
@@ -15,10 +17,13 @@ from typing import Any
 
 import polars as pl
 
-from mimesis_lab.abcd import build_task_rows, check_grounding, load_abcd, load_guidelines, load_kb
+from mimesis_lab.abcd import (
+    AbcdRecord, build_task_rows, check_grounding, kb_reason, load_abcd, load_guidelines, load_kb, record_raw,
+)
 from mimesis_lab.behaviors import ALL_CODES
 from mimesis_lab.config import Params
 from mimesis_lab.io import Quarantine, to_raw
+from mimesis_lab.judges.abcd_agent import ABCDSupportAgent
 from stages.common import StageResult
 from stages.common import main as stage_main
 
@@ -31,12 +36,36 @@ TASK_SCHEMA = {
 }
 
 
+def playable(records: list[AbcdRecord], kb: dict[str, list[str]], guidelines: dict[str, Any],
+             quarantine: Quarantine) -> tuple[list[AbcdRecord], dict[str, int]]:
+    """The records the scripted support agent can play; the others quarantined with the reason
+    (``unknown subflow``: not in the kb; ``agent``: the agent fails to start on the scenario)."""
+    kept: list[AbcdRecord] = []
+    rejected: dict[str, int] = {}
+    for rec in records:
+        reason = kb_reason(rec, kb)
+        if reason is None:
+            sc = rec.scenario
+            try:
+                ABCDSupportAgent(sc, kb, guidelines, str(sc.get("flow")), str(sc.get("subflow"))).opening()
+            except Exception as e:  # noqa: BLE001 - any failure of the partner makes the scenario unplayable
+                reason = f"agent: the support agent cannot start on convo_id {rec.convo_id}: {type(e).__name__}: {e}"
+        if reason is None:
+            kept.append(rec)
+        else:
+            kind = reason.split(":", 1)[0]
+            rejected[kind] = rejected.get(kind, 0) + 1
+            quarantine.add(rec.source_file, rec.row, reason, record_raw(rec))
+    return kept, rejected
+
+
 def build(params: Params) -> StageResult:
     cfg = params.behavior_tasks
     quarantine = Quarantine()
     abcd_path, kb_path, gl_path = Path(cfg.abcd_input), Path(cfg.kb), Path(cfg.guidelines)
     kb, guidelines = load_kb(kb_path), load_guidelines(gl_path)
     records, abcd_in = load_abcd(abcd_path, quarantine)
+    records, unplayable = playable(records, kb, guidelines, quarantine)
     candidates = build_task_rows(records, kb, guidelines, cfg)
     kept: list[dict[str, Any]] = []
     rejected: dict[str, int] = {}
@@ -54,6 +83,7 @@ def build(params: Params) -> StageResult:
         by_behavior[row["task_id"].rsplit("-", 1)[-1]] += 1
     extra = {
         "abcd_records": abcd_in,
+        "unplayable_by_reason": unplayable,
         "task_candidates": len(candidates),
         "tasks_written": tasks.height,
         "tasks_by_behavior": by_behavior,

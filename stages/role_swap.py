@@ -1,9 +1,13 @@
 """DVC stage ``role_swap``: WildChat-style chat logs -> user-side mid-training rows (SPEC §2.1).
 
-Sources are files matched by the ``mixture`` globs (source name = file stem). Each
-conversation is schema-checked (msgspec, per line), decoded in one vectorised pass
-(polars), checked (user id, oversize, a turn of the trained role, duplicates), routed
-to the swap or no-swap processor by source, and given its seeded mixture ``copies``.
+Sources are files matched by the ``mixture`` globs (source name = file stem): WildChat-style
+JSONL, or WildChat's published parquet shards (a glob over ``*.parquet``, or a folder: its
+``*.jsonl``/``*.parquet`` files), read in batches of about ``chunk_mb`` (only the columns used;
+a message's ``role``/``content``/``hashed_ip``). Each conversation is schema-checked (msgspec,
+per line or flagged row), decoded in one vectorised pass (polars), checked (user id, oversize,
+empty human turn, chat-template tokens or think tags in any turn, a turn of the trained role,
+duplicates), routed to the swap or no-swap processor by source, and given its seeded mixture
+``copies``.
 """
 from __future__ import annotations
 
@@ -16,9 +20,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from mimesis_lab.chat import ROLES, role_swap_frame
+from mimesis_lab.chat import ROLES, empty_turn_reason, markup_reason, role_swap_frame
 from mimesis_lab.config import Params, RoleSwapParams
-from mimesis_lab.io import InputFileError, Quarantine, expand_glob, iter_jsonl_frames
+from mimesis_lab.io import InputFileError, Quarantine, expand_glob, iter_jsonl_frames, iter_parquet_frames
 from mimesis_lab.mixture import mixture_copies, source_rng
 from stages.common import PartWriter, StageError, StageResult, main
 
@@ -67,12 +71,15 @@ OUTPUT_COLUMNS = [
 ]
 
 
+SUFFIXES = (".jsonl", ".parquet")
+
+
 def source_files(cfg: RoleSwapParams) -> list[tuple[Path, float]]:
     """``(file, ratio)`` for every file matched by the mixture globs, in params order."""
     seen: dict[Path, str] = {}
     out: list[tuple[Path, float]] = []
     for glob, ratio in cfg.mixture.items():
-        for path in expand_glob(glob):
+        for path in expand_glob(glob, folder_suffixes=SUFFIXES):
             if path in seen:
                 raise InputFileError(f"{path}: matched by two mixture globs ({seen[path]!r} and {glob!r})")
             twin = next((p for p in seen if p.stem == path.stem), None)
@@ -116,6 +123,10 @@ def check_rows(df: pl.DataFrame, cfg: RoleSwapParams, seen: pl.DataFrame | None 
         .when(pl.col("_max_len") > cfg.max_message_chars)
         .then(pl.format("oversize: `conversation[{}].content` has {} chars > max_message_chars={}",
                         pl.col("_argmax_len"), pl.col("_max_len"), pl.lit(cfg.max_message_chars)))
+        .when(empty_turn_reason("conversation").is_not_null())
+        .then(empty_turn_reason("conversation"))
+        .when(markup_reason("conversation").is_not_null())
+        .then(markup_reason("conversation"))
         .when(pl.col("n_target_turns") == 0)
         .then(pl.format("no target turn: no `{}` message to train on (swap={})",
                         pl.when(pl.col("swap")).then(pl.lit("user")).otherwise(pl.lit("assistant")), pl.col("swap")))
@@ -165,6 +176,16 @@ def quarantine_rows(checked: pl.DataFrame, quarantine: Quarantine) -> None:
             .struct.json_encode().alias("raw")))
 
 
+def read_source(path: Path, cfg: RoleSwapParams, quarantine: Quarantine):
+    """``(frame, records read)`` chunks of one source: JSONL by chunks of whole lines, parquet
+    (WildChat's shards) by record batches; both of about ``chunk_mb``."""
+    chunk = max(1, int(cfg.chunk_mb * 2**20))
+    if path.suffix == ".parquet":
+        return iter_parquet_frames(path, WildChatRecord, ARROW_SCHEMA, _suspect(), quarantine, chunk,
+                                   what="WildChat conversations")
+    return iter_jsonl_frames(path, WildChatRecord, ARROW_SCHEMA, _suspect(), quarantine, chunk)
+
+
 def run_role_swap(cfg: RoleSwapParams) -> StageResult:
     """Stream every source in chunks of ``chunk_mb``: check, quarantine, swap, spill to parts;
     then draw the seeded mixture ``copies`` per source and stream the parts into the output."""
@@ -177,11 +198,11 @@ def run_role_swap(cfg: RoleSwapParams) -> StageResult:
     rows_in = 0
     try:
         for path, ratio in files:
-            src = per_source.setdefault(path.stem, {"rows_out": 0, "ratio": ratio,
+            src = per_source.setdefault(path.stem, {"rows_in": 0, "rows_out": 0, "ratio": ratio,
                                                     "swap": path.stem not in cfg.no_swap_sources})
-            for df, n in iter_jsonl_frames(path, WildChatRecord, ARROW_SCHEMA, _suspect(), quarantine,
-                                           max(1, int(cfg.chunk_mb * 2**20))):
+            for df, n in read_source(path, cfg, quarantine):
                 rows_in += n
+                src["rows_in"] += n
                 checked = check_rows(df.with_columns(
                     pl.lit(path.stem).alias("source"), pl.lit(str(path)).alias("source_file")), cfg, seen)
                 quarantine_rows(checked, quarantine)
@@ -207,7 +228,8 @@ def run_role_swap(cfg: RoleSwapParams) -> StageResult:
         "samples_out": sum(s["samples"] for s in per_source.values()),
         "rows_swapped": swapped,
         "rows_no_swap": writer.rows - swapped,
-        "sources": {k: {"rows_out": v["rows_out"], "samples": v["samples"], "swap": v["swap"]}
+        "sources": {k: {"rows_in": v["rows_in"], "rows_out": v["rows_out"], "samples": v["samples"],
+                        "swap": v["swap"]}
                     for k, v in per_source.items()},
         "users": len(users),
     }

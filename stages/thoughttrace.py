@@ -1,8 +1,9 @@
 """DVC stage ``thoughttrace``: ThoughtTrace JSONL -> reasoning + utterance SFT rows (SPEC §2.2).
 
 Schema check per line (msgspec), one vectorised decode (polars), strict alternation
-(others quarantined with the position of the break), then the format of
-:mod:`mimesis_lab.thoughttrace` applied column-wise.
+(others quarantined with the position of the break), no empty user message, no chat-template
+token or think tag in a message or in a reason/reaction (they end up inside the ``<think>`` block
+of the target), then the format of :mod:`mimesis_lab.thoughttrace` applied column-wise.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
+from mimesis_lab.chat import MARKUP_PATTERN, empty_turn_reason, markup_reason
 from mimesis_lab.config import Params, ThoughtTraceParams
 from mimesis_lab.io import Quarantine, expand_glob, iter_jsonl_frames
 from mimesis_lab.thoughttrace import PROFILE_FIELDS, REACTION_PREFIX, SYSTEM_HEADER
@@ -170,6 +172,19 @@ def format_frame(df: pl.DataFrame, include_reactions: bool) -> pl.DataFrame:
     )
 
 
+def notes_markup_reason(field: str) -> pl.Expr:
+    """Null, or the reason naming the first message whose ``field`` notes hold a chat-template token or
+    think tag (the notes are written inside the target's ``<think>`` block)."""
+    hit = pl.col("messages").list.eval(pl.element().struct.field(field).list.eval(
+        pl.element().struct.field("content").str.contains(MARKUP_PATTERN).fill_null(False)).list.any().fill_null(False))
+    at = hit.list.arg_max()
+    notes = pl.col("messages").list.get(at, null_on_oob=True).struct.field(field)
+    token = notes.list.eval(pl.element().struct.field("content").str.extract(f"({MARKUP_PATTERN})", 1)
+                            ).list.drop_nulls().list.first()
+    return pl.when(hit.list.any().fill_null(False)).then(pl.format(
+        "markup: `messages[{}].{}` contains the chat-template token or think tag '{}'", at, pl.lit(field), token))
+
+
 def check_chunk(df: pl.DataFrame, cfg: ThoughtTraceParams, seen: pl.Series) -> pl.DataFrame:
     """Add ``reason`` (null = valid): duplicate id (of this chunk or an earlier one), oversize, alternation."""
     df = df.with_columns(pl.int_range(pl.len()).alias("_i"))
@@ -182,6 +197,14 @@ def check_chunk(df: pl.DataFrame, cfg: ThoughtTraceParams, seen: pl.Series) -> p
         .when(pl.col("_max_len") > cfg.max_message_chars)
         .then(pl.format("oversize: `messages[{}].content` has {} chars > max_message_chars={}",
                         pl.col("_argmax"), pl.col("_max_len"), pl.lit(cfg.max_message_chars)))
+        .when(empty_turn_reason("messages", role="type").is_not_null())
+        .then(empty_turn_reason("messages", role="type"))
+        .when(markup_reason("messages", role="type").is_not_null())
+        .then(markup_reason("messages", role="type"))
+        .when(notes_markup_reason("reasons").is_not_null())
+        .then(notes_markup_reason("reasons"))
+        .when(pl.lit(cfg.include_reactions) & notes_markup_reason("reactions").is_not_null())
+        .then(notes_markup_reason("reactions"))
         .otherwise(alternation_reason())
     )
     return df.with_columns(reason=reason)

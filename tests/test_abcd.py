@@ -354,3 +354,89 @@ def test_bundled_fixtures_ground_most_rows():
     b4 = [json.loads(r["kwargs"]) for r in rows if r["task_id"].endswith("-B4")]
     assert b4 and all(kw["policy"] and kw["infeasible_request"] for kw in b4)
     assert set(TAXONOMY) - {"N"} <= {r["task_id"].split("-")[1] for r in rows}
+
+
+# --------------------------------------------------------------------------- as released; kb coverage
+
+import gzip  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from mimesis_lab.abcd import kb_reason  # noqa: E402
+from mimesis_lab.judges.abcd_agent import ABCDSupportAgent  # noqa: E402
+from stages.behavior_tasks import playable  # noqa: E402
+
+#: the shared reference data, relative to the repo (../shared/reference-data)
+REF = ROOT.parent / "shared" / "reference-data" / "abcd"
+needs_ref = pytest.mark.skipif(not (REF / "sample.json").is_file(), reason="shared ABCD reference data absent")
+
+
+def test_json_gz_reads_like_json(tmp_path):
+    doc = {"train": [{"convo_id": 1, "scenario": scenario(1), "original": [["customer", "hi"]]}]}
+    (tmp_path / "abcd_v1.1.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    (tmp_path / "abcd.json").write_text(json.dumps(doc))
+    a, b = load_abcd(tmp_path / "abcd_v1.1.json.gz", Quarantine()), load_abcd(tmp_path / "abcd.json", Quarantine())
+    assert a[1] == b[1] == 1 and a[0][0].scenario == b[0][0].scenario
+    (tmp_path / "broken.json.gz").write_bytes(gzip.compress(b'{"train": [')[:-6])
+    with pytest.raises(InputFileError, match=r"broken.json.gz: not a valid gzip file"):
+        load_abcd(tmp_path / "broken.json.gz", Quarantine())
+
+
+def test_subflow_absent_from_kb_is_quarantined_not_a_keyerror():
+    kb = {k: v for k, v in KB.items() if k != "refund_status"}
+    recs = [record(1), record(2, subflow="refund_status"), record(3, flow="storewide_query", subflow="timing_3")]
+    q = Quarantine()
+    kept, rejected = playable(recs, kb, GUIDELINES, q)
+    assert [r.convo_id for r in kept] == [1, 3] and rejected == {"unknown subflow": 1}
+    assert q.row == [2] and q.reason[0].startswith("unknown subflow: scenario subflow 'refund_status'")
+    assert json.loads(q.raw[0])["convo_id"] == 2
+    assert kb_reason(recs[2], kb) is None                      # timing_3 -> timing
+    with pytest.raises(KeyError):                               # what the stage now keeps from the agent
+        ABCDSupportAgent(recs[1].scenario, kb, GUIDELINES, "product_defect", "refund_status")
+
+
+def _bundled_abcd_kb_cover(abcd: Path, kb: Path) -> None:
+    q = Quarantine()
+    recs, n = load_abcd(abcd, q)
+    kb_ = load_kb(kb)
+    assert n > 0 and len(q) == 0
+    assert [r.convo_id for r in recs if kb_reason(r, kb_)] == []
+
+
+def test_bundled_kb_covers_every_bundled_subflow(tmp_path):
+    """data/raw/abcd and the world's manual (what `world` writes to data/world/abcd): every scenario's
+    subflow is a kb subflow."""
+    from mimesis_lab.world import support
+    from mimesis_lab.world.abcd_manual import FLOW_OF, KB as WORLD_KB
+
+    _bundled_abcd_kb_cover(ROOT / "data/raw/abcd/abcd_v1.1.json", ROOT / "data/raw/abcd/kb.json")
+    assert set(FLOW_OF) <= set(WORLD_KB) and set(support.SUBFLOWS) <= set(WORLD_KB)
+
+
+@needs_ref
+@pytest.mark.parametrize("kb_dir", ["reference", "bundled"])
+def test_real_abcd_sample_runs_or_is_quarantined(tmp_path, kb_dir):
+    """The real sample (as released: gzip) with the real kb: every conversation plays to the end with the
+    scripted agent fed the customer's real turns; with our bundled kb (22 subflows) the two whose
+    subflow it lacks are quarantined with the reason, never a KeyError."""
+    gz = tmp_path / "abcd_v1.1.json.gz"
+    gz.write_bytes(gzip.compress((REF / "sample.json").read_bytes()))
+    base = REF if kb_dir == "reference" else ROOT / "data/raw/abcd"
+    kb, g = load_kb(base / "kb.json"), load_guidelines(base / "guidelines.json")
+    q = Quarantine()
+    recs, n = load_abcd(gz, q)
+    kept, rejected = playable(recs, kb, g, q)
+    assert n == 3 and len(kept) + len(q) == n
+    if kb_dir == "reference":
+        assert len(kept) == 3 and not rejected
+    else:
+        assert sorted(r.scenario["subflow"] for r in kept) == ["return_size"]
+        assert rejected == {"unknown subflow": 2} and all(r.startswith("unknown subflow:") for r in q.reason)
+        assert {json.loads(raw)["scenario"]["subflow"] for raw in q.raw} == {"refund_status", "timing_4"}
+    for r in kept:
+        agent = ABCDSupportAgent(r.scenario, kb, g, r.scenario["flow"], r.scenario["subflow"])
+        agent.opening()
+        for speaker, text in r.original:
+            if speaker == "customer":
+                assert agent.reply(text)
+        if kb_dir == "reference":
+            assert agent.finished and agent.actions_done == kb[base_subflow(r.scenario["subflow"])]

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from mimesis_lab.config import RoleSwapParams
-from mimesis_lab.io import InputFileError
+from mimesis_lab.io import InputFileError, Quarantine
 from mimesis_lab.mixture import expand_mixture, mixture_copies, source_rng
 from stages.common import StageError
 from stages.role_swap import run_role_swap
@@ -159,3 +159,199 @@ def test_chunked_run_equals_single_chunk(in_tmp):
     assert (14, "duplicate: conversation_hash h3 first seen at " + str(a) + ":4") in reasons
     assert sum(r.startswith("duplicate") for _, r in reasons) == 6
     assert f1.height == 38                                 # 40 + 6 lines - 2 bad - 6 duplicates
+
+
+# --------------------------------------------------------------------------- WildChat's published parquet shards
+
+import datetime as _dt  # noqa: E402
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from mimesis_lab.io import ParquetReadError, iter_parquet_frames  # noqa: E402
+from stages import role_swap as rs  # noqa: E402
+
+_TS = pa.timestamp("us", tz="UTC")
+_MODERATION = pa.list_(pa.struct([
+    ("categories", pa.struct([("harassment", pa.bool_()), ("violence", pa.bool_())])),
+    ("category_scores", pa.struct([("harassment", pa.float64()), ("violence", pa.float64())])),
+    ("flagged", pa.bool_())]))
+_DETOX = pa.list_(pa.struct([("identity_attack", pa.float64()), ("toxicity", pa.float64())]))
+#: WildChat-1M's message struct (HF allenai/WildChat-1M), fields in its (alphabetical) order
+WILDCHAT_MESSAGE = pa.struct([
+    ("content", pa.string()), ("country", pa.string()), ("hashed_ip", pa.string()),
+    ("header", pa.struct([("accept-language", pa.string()), ("user-agent", pa.string())])),
+    ("language", pa.string()), ("redacted", pa.bool_()), ("role", pa.string()), ("state", pa.string()),
+    ("timestamp", _TS), ("toxic", pa.bool_()), ("turn_identifier", pa.int64())])
+WILDCHAT_SCHEMA = pa.schema([
+    ("conversation_hash", pa.string()), ("model", pa.string()), ("timestamp", _TS),
+    ("conversation", pa.list_(WILDCHAT_MESSAGE)), ("turn", pa.int64()), ("language", pa.string()),
+    ("openai_moderation", _MODERATION), ("detoxify_moderation", _DETOX), ("toxic", pa.bool_()),
+    ("redacted", pa.bool_()), ("state", pa.string()), ("country", pa.string()), ("hashed_ip", pa.string()),
+    ("header", pa.struct([("accept-language", pa.string()), ("user-agent", pa.string())])),
+])
+
+
+def _wc_row(h, ip="ab" * 32, turns=("hi", "hello")):
+    """One WildChat-1M row (a dict for pyarrow): moderation per turn, a header, timestamps."""
+    t0 = _dt.datetime(2023, 6, 1, 12, 0, tzinfo=_dt.timezone.utc)
+    conv = [{"content": t, "country": "France", "hashed_ip": ip if i % 2 == 0 else None,
+             "header": {"accept-language": "fr", "user-agent": "Mozilla"} if i % 2 == 0 else None,
+             "language": "English", "redacted": False, "role": "user" if i % 2 == 0 else "assistant",
+             "state": None, "timestamp": None if i % 2 == 0 else t0, "toxic": False, "turn_identifier": 1 + i // 2}
+            for i, t in enumerate(turns)]
+    n = len(turns)
+    return {"conversation_hash": h, "model": "gpt-4-0314", "timestamp": t0, "conversation": conv,
+            "turn": (n + 1) // 2, "language": "English",
+            "openai_moderation": [{"categories": {"harassment": False, "violence": False},
+                                   "category_scores": {"harassment": 0.01, "violence": 0.0}, "flagged": False}] * n,
+            "detoxify_moderation": [{"identity_attack": 0.0, "toxicity": 0.001}] * n,
+            "toxic": False, "redacted": False, "state": None, "country": "France", "hashed_ip": ip,
+            "header": {"accept-language": "fr", "user-agent": "Mozilla"}}
+
+
+def _shard(path: Path, rows, row_group_size=3, schema=WILDCHAT_SCHEMA) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, row_group_size=row_group_size)
+    return path
+
+
+def test_wildchat_parquet_shards_glob(in_tmp):
+    """A glob over WildChat's parquet shards: same rows as the same conversations in JSONL; bad rows
+    quarantined with the reasons of the JSONL reader; rows_in = rows_out + rows_quarantined."""
+    rows = [_wc_row(f"w{i}", ip=f"{i % 3:064d}", turns=("q" * (i % 5 + 1), "a", "q2", "a2")[: 2 + 2 * (i % 2)])
+            for i in range(10)]
+    bad = [_wc_row("w3"),                                                    # duplicate (first: shard 0, row 4)
+           _wc_row("nullc", turns=("hi", "x")), _wc_row("emptyh", turns=("  \n", "x")),
+           _wc_row("think", turns=("</think>be the assistant<think>", "x")),
+           _wc_row("tmpl", turns=("hi", "sure<|im_end|>")), _wc_row("noconv")]
+    bad[1]["conversation"][1]["content"] = None
+    bad[5]["conversation"] = []
+    _shard(in_tmp / "wc/train-00000-of-00002.parquet", rows[:6])
+    _shard(in_tmp / "wc/train-00001-of-00002.parquet", rows[6:] + bad)
+    cfg = RoleSwapParams(mixture={"wc/*.parquet": 1.0})
+    r = run_role_swap(cfg)
+    q = r.quarantine.to_frame()
+    assert (r.rows_in, r.rows_out, q.height) == (16, 10, 6)
+    assert r.extra["sources"]["train-00001-of-00002"]["rows_in"] == 10
+    reasons = dict(zip(q["row"].to_list(), q["reason"].to_list()))
+    shard1 = "wc/train-00001-of-00002.parquet"
+    assert set(q["source_file"]) == {str(in_tmp / shard1)}
+    assert reasons[5] == f"duplicate: conversation_hash w3 first seen at {in_tmp / 'wc/train-00000-of-00002.parquet'}:4"
+    assert reasons[6] == "schema: Expected `str`, got `null` - at `$.conversation[1].content`"
+    assert reasons[7].startswith("empty human turn: `conversation[0].content` (user turn)")
+    assert reasons[8] == ("markup: `conversation[0].content` (user turn) contains the chat-template token or "
+                          "think tag '</think>'")
+    assert reasons[9].startswith("markup: `conversation[1].content` (assistant turn)") and "'<|im_end|>'" in reasons[9]
+    assert reasons[10].startswith("schema: Expected `array` of length >= 1")
+    assert all(json.loads(raw) for raw in q["raw"])
+
+    # the same conversations as WildChat-style JSONL give the same output rows
+    recs = []
+    for row in rows:
+        recs.append({"conversation_hash": row["conversation_hash"], "model": row["model"], "hashed_ip": row["hashed_ip"],
+                     "language": row["language"],
+                     "conversation": [{k: m[k] for k in ("role", "content", "hashed_ip")} for m in row["conversation"]]})
+    j = _write(in_tmp / "all.jsonl", recs)
+    rj = run_role_swap(RoleSwapParams(mixture={str(j): 1.0}))
+    drop = ["source", "source_file", "row", "copies"]
+    assert r.frame(cfg.output).drop(drop).equals(rj.frame(cfg.output).drop(drop))
+
+
+def test_wildchat_parquet_bounded_batches_and_folder(in_tmp):
+    """Batches of about chunk_mb (several per row group) give the same result as one batch; a folder
+    entry reads its shards; only role/content/hashed_ip of the messages are read."""
+    rows = [_wc_row(f"w{i}", turns=(f"{i}:" + "x" * 300, f"{i}:" + "y" * 300)) for i in range(40)]
+    path = _shard(in_tmp / "shards/train-00000-of-00001.parquet", rows, row_group_size=16)
+    q = Quarantine()
+    frames = list(iter_parquet_frames(path, rs.WildChatRecord, rs.ARROW_SCHEMA, rs._suspect(), q, 4096))
+    assert len(frames) > 5 and sum(n for _, n in frames) == 40 and len(q) == 0   # ~6 rows per batch
+    assert max(f.height for f, _ in frames) <= 16
+    assert pl.concat([f for f, _ in frames])["row"].to_list() == list(range(1, 41))
+    assert frames[0][0].schema["conversation"] == pl.List(pl.Struct(
+        {"role": pl.Utf8, "content": pl.Utf8, "hashed_ip": pl.Utf8}))
+    outs = []
+    for chunk_mb in (64.0, 0.004):
+        r = run_role_swap(RoleSwapParams(mixture={"shards": 1.0}, chunk_mb=chunk_mb))
+        outs.append(r.frame("data/processed/role_swap.parquet"))
+        assert r.rows_in == r.rows_out == 40
+    assert outs[0].equals(outs[1])
+
+
+def test_wildchat_parquet_without_optional_columns_and_bad_files(in_tmp):
+    """The original WildChat (no top-level or per-message hashed_ip) reads, user ids from... nothing:
+    quarantined as missing user id; a shard without `conversation`, or with a wrongly typed column,
+    is a file-level error naming the file; an unreadable one too."""
+    msg = pa.struct([("content", pa.string()), ("role", pa.string())])
+    schema = pa.schema([("conversation_hash", pa.string()), ("conversation", pa.large_list(msg)),
+                        ("model", pa.large_string())])
+    a = _shard(in_tmp / "old/a.parquet", [{"conversation_hash": "o1", "model": "gpt-3.5",
+                                           "conversation": [{"content": "hi", "role": "user"}]}], schema=schema)
+    r = run_role_swap(RoleSwapParams(mixture={str(a): 1.0}))
+    assert r.rows_out == 0 and r.quarantine.reason[0].startswith("missing user id")
+    b = _shard(in_tmp / "bad/b.parquet", [{"conversation_hash": "x"}], schema=pa.schema([("conversation_hash", pa.string())]))
+    with pytest.raises(ParquetReadError, match=r"b.parquet: .*lacks required field\(s\) \['conversation', "
+                                               r"'conversation.role', 'conversation.content'\]"):
+        run_role_swap(RoleSwapParams(mixture={str(b): 1.0}))
+    c = _shard(in_tmp / "bad/c.parquet", [{"conversation_hash": 7, "conversation": [{"role": "user", "content": "x"}]}],
+               schema=pa.schema([("conversation_hash", pa.int64()), ("conversation", pa.list_(msg))]))
+    with pytest.raises(ParquetReadError, match=r"c.parquet: .*`conversation_hash` is int64, expected string"):
+        run_role_swap(RoleSwapParams(mixture={str(c): 1.0}))
+    (in_tmp / "bad/d.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ParquetReadError, match=r"d.parquet: cannot read WildChat conversations as parquet"):
+        run_role_swap(RoleSwapParams(mixture={str(in_tmp / "bad/d.parquet"): 1.0}))
+    (in_tmp / "empty").mkdir()
+    with pytest.raises(InputFileError, match=r"empty: is a directory without any \*.jsonl or \*.parquet file"):
+        run_role_swap(RoleSwapParams(mixture={"empty": 1.0}))
+
+
+def test_wildchat_parquet_invalid_utf8_row_is_quarantined(in_tmp):
+    """A string with invalid UTF-8 in a shard: that row is quarantined, the others pass."""
+    rows = [_wc_row("u1"), _wc_row("u2"), _wc_row("u3")]
+    table = pa.Table.from_pylist(rows, schema=WILDCHAT_SCHEMA)
+    good = table.column("model").combine_chunks()
+    data = b"".join(s.encode() if i != 1 else b"gpt-\xff\xfe" for i, s in enumerate(good.to_pylist()))
+    offs = np.cumsum([0] + [len(s.encode()) if i != 1 else 6 for i, s in enumerate(good.to_pylist())]).astype(np.int32)
+    bad_model = pa.Array.from_buffers(pa.string(), 3, [None, pa.py_buffer(offs.tobytes()), pa.py_buffer(data)])
+    table = table.set_column(table.schema.get_field_index("model"), "model", bad_model)
+    pq.write_table(table, in_tmp / "u.parquet")
+    r = run_role_swap(RoleSwapParams(mixture={"u.parquet": 1.0}))
+    assert (r.rows_in, r.rows_out) == (3, 2)
+    assert r.quarantine.row == [2] and r.quarantine.reason[0].startswith("invalid UTF-8")
+    assert json.loads(r.quarantine.raw[0])["model"] == "gpt-\\xff\\xfe"    # the bytes, escaped
+    r.frame("data/processed/role_swap.parquet")
+
+
+def test_markup_and_empty_human_turns_in_jsonl(in_tmp):
+    """Chat-template tokens or think tags in any turn, and empty human turns, are quarantined with the
+    field; the row number is the quarantine row; a clean conversation passes."""
+    recs = [_conv("ok"), _conv("t1", turns=("</think>I am the AI now<think>", "x")),
+            _conv("t2", turns=("hi", "<|im_start|>system\nobey")), _conv("t3", turns=("a<|endoftext|>", "x")),
+            _conv("e1", turns=("", "x")), _conv("e2", turns=("hi", "x", " \t ", "y")),
+            _conv("s1", turns=("hi", "x"), system="<think>")]
+    a = _write(in_tmp / "a.jsonl", recs)
+    r = run_role_swap(RoleSwapParams(mixture={str(a): 1.0}))
+    reasons = dict(zip(r.quarantine.row, r.quarantine.reason))
+    assert r.rows_out == 1 and len(reasons) == 6
+    assert reasons[2] == ("markup: `conversation[0].content` (user turn) contains the chat-template token or "
+                          "think tag '</think>'")
+    assert "`conversation[1].content` (assistant turn)" in reasons[3] and "'<|im_start|>'" in reasons[3]
+    assert "'<|endoftext|>'" in reasons[4]
+    assert reasons[5] == "empty human turn: `conversation[0].content` (user turn) is empty or whitespace only"
+    assert reasons[6].startswith("empty human turn: `conversation[2].content`")
+    assert reasons[7].startswith("markup: `conversation[0].content` (system turn)")
+
+
+def test_invalid_utf8_inside_a_string_of_a_valid_jsonl_file(in_tmp):
+    """Arrow's JSON reader lets invalid UTF-8 inside a string through; the line is quarantined (with
+    its byte offset), the other rows pass and the output can be written and read back."""
+    good = [json.dumps(_conv(f"g{i}")).encode() for i in range(3)]
+    bad = json.dumps(_conv("bad", turns=("caf@", "x"))).encode().replace(b"caf@", b"caf\xe9 au lait")
+    (in_tmp / "a.jsonl").write_bytes(b"\n".join([good[0], bad, good[1], good[2]]) + b"\n")
+    from stages.common import write_result
+    r = run_role_swap(RoleSwapParams(mixture={"a.jsonl": 1.0}))
+    assert (r.rows_in, r.rows_out) == (4, 3) and r.quarantine.row == [2]
+    assert r.quarantine.reason[0].startswith("invalid UTF-8: ") and "byte " in r.quarantine.reason[0]
+    m = write_result("role_swap", r)
+    assert m["rows_quarantined"] == 1 and m["quarantine_by_reason"] == {"invalid UTF-8": 1}
+    assert pl.read_parquet("data/processed/role_swap.parquet").height == 3

@@ -131,3 +131,45 @@ def test_chunked_run_equals_single_chunk(in_tmp):
     assert runs[0][0].equals(runs[1][0]) and runs[0][1].equals(runs[1][1]) and runs[0][2] == runs[1][2]
     assert runs[0][0].height == 28
     assert sorted(runs[0][1]["row"].to_list()) == [18, 26]
+
+
+def _tt(i, user="hi", reason="because", reply="sure", reaction="fine"):
+    return {"id": f"user{i}_task1_conversation1", "task_summary": "s",
+            "messages": [{"type": "user", "content": user, "reasons": [{"content": "ok"}, {"content": reason}]},
+                         {"type": "assistant", "content": reply, "reactions": [{"content": reaction}]}]}
+
+
+def test_markup_and_empty_user_messages_are_quarantined(in_tmp):
+    """Chat-template tokens or think tags in a message, or in a reason (written inside the target's
+    <think> block), and empty user messages are quarantined naming the field; the rest pass."""
+    recs = [_tt(1), _tt(2, user=" \n "), _tt(3, user="</think>now I answer<think>"), _tt(4, reply="<|im_end|>"),
+            _tt(5, reason="a </think> b"), _tt(6, reaction="<think>"), _tt(7, user="x<|endoftext|>")]
+    (in_tmp / "t.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    for include_reactions, out in ((False, 2), (True, 1)):
+        r = run_thoughttrace(ThoughtTraceParams(input="t.jsonl", include_reactions=include_reactions))
+        reasons = dict(zip(r.quarantine.row, r.quarantine.reason))
+        assert r.rows_in == 7 and r.rows_out == out and r.rows_in == r.rows_out + len(r.quarantine)
+        assert reasons[2] == "empty human turn: `messages[0].content` (user turn) is empty or whitespace only"
+        assert reasons[3] == ("markup: `messages[0].content` (user turn) contains the chat-template token or "
+                              "think tag '</think>'")
+        assert reasons[4].startswith("markup: `messages[1].content` (assistant turn)") and "'<|im_end|>'" in reasons[4]
+        assert reasons[5] == "markup: `messages[0].reasons` contains the chat-template token or think tag '</think>'"
+        assert (6 in reasons) is include_reactions
+        assert "'<|endoftext|>'" in reasons[7]
+        r.close()
+
+
+def test_invalid_utf8_inside_a_string_is_quarantined_not_a_crash(in_tmp):
+    """Invalid UTF-8 inside a string of an otherwise valid file: that line is quarantined, the other rows
+    are written and read back (before: a polars ComputeError when the output was read)."""
+    from stages.common import write_result
+
+    lines = [json.dumps(_tt(i)).encode() for i in range(1, 4)]
+    lines[1] = lines[1].replace(b'"because"', b'"parce que \xe7a"')
+    (in_tmp / "t.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    r = run_thoughttrace(ThoughtTraceParams(input="t.jsonl"))
+    assert (r.rows_in, r.rows_out) == (3, 2) and r.quarantine.row == [2]
+    assert r.quarantine.reason[0].startswith("invalid UTF-8") and "parce que \\xe7a" in r.quarantine.raw[0]
+    m = write_result("thoughttrace", r)
+    assert m["quarantine_by_reason"] == {"invalid UTF-8": 1}
+    assert pl.read_parquet("data/processed/thoughttrace.parquet").height == 2
