@@ -155,6 +155,20 @@ class GymsParams(Section):
         "tasks, and at least one task stays in train.")
     seed: int = Field(1234, description="Seed of the per-gym shuffle of task ids that picks the val tasks.")
     output_dir: str = Field("data/gyms", description="Writes <output_dir>/{train,val,test}.parquet.")
+    tau_db: str | None = Field(
+        None, description="TauGym's retail database: tau-bench's data folder (users.json, orders.json, products.json; "
+        "UserRL's real tau tasks act on it) or a db.json; null = the db.json beside the tau task file (the "
+        "world's or the bundled one). A broken file fails naming it.")
+    search_corpus: str | None = Field(
+        None, description="SearchGym's local corpus (JSONL of {id, title, text}, one passage a line), indexed with "
+        "BM25 (rank-bm25) for every search task; null = the passages.jsonl beside the search task file. A "
+        "question whose answer occurs in no passage is reported as unanswerable.")
+
+    def task_options(self, gym: str) -> dict[str, str]:
+        """The extra arguments of ``registry.load_tasks(gym, path, **options)`` these params set
+        (``db`` for tau, ``corpus`` for search; none when null)."""
+        opts = {"tau": {"db": self.tau_db}, "search": {"corpus": self.search_corpus}}.get(gym, {})
+        return {k: v for k, v in opts.items() if v is not None}
 
     @field_validator("tasks")
     @classmethod

@@ -26,10 +26,11 @@ class TaskLookupError(KeyError):
     """A row whose task id is not in its gym's task file (the message names both)."""
 
 
-def load_tasks(gym: str, path: str | Path | None = None) -> dict[str, dict[str, Any]]:
-    """Tasks of ``gym`` by id, from ``path`` or the bundled file."""
+def load_tasks(gym: str, path: str | Path | None = None, **options: Any) -> dict[str, dict[str, Any]]:
+    """Tasks of ``gym`` by id, from ``path`` or the bundled file; ``options`` go to the gym's loader
+    (``GymsParams.task_options(gym)``: tau's ``db``, search's ``corpus``)."""
     mod = MODULES[gym]
-    return mod.load_tasks(path) if path is not None else mod.load_tasks()
+    return mod.load_tasks(path, **options) if path is not None else mod.load_tasks(**options)
 
 
 def gym_for_row(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]], user: UserSide | None,

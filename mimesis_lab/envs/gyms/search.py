@@ -14,6 +14,16 @@ Instead of a web search API, the gym searches a small local corpus
   allowed, reward 0.
 
 Done on ``answer`` or after ``max_steps`` steps (reward 0 then).
+
+**A local corpus** (``gyms.search_corpus``: JSONL ``{id, title, text}``, e.g. passages of the pages
+Bamboogle's questions need) replaces the bundled passages for every task; it is indexed with the
+``rank-bm25`` library (``BM25Okapi``, same tokenizer), top-3 as above. Tasks may be UserRL's / Bamboogle's
+records ``{id, question, answer}`` (an ``answer`` list: the first is the answer, the rest aliases).
+A task whose answer (or an alias), normalised as above, occurs in no passage of its corpus is
+**unanswerable** there (``task["answerable"] = False``): :func:`build_rows` refuses it
+(:class:`UnanswerableTask`, so the ``gyms`` stage quarantines and counts it by that reason), and an
+episode on it ends on ``answer`` with reward 0 and ``info["outcome"] = "unanswerable"`` — reported as
+such, never as solved. :func:`corpus_report` counts answerable and unanswerable tasks.
 """
 from __future__ import annotations
 
@@ -27,9 +37,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
+from mimesis_lab.io import InputFileError
 
-__all__ = ["SearchGym", "BM25", "DEFAULT_TASKS", "DEFAULT_PASSAGES", "load_tasks", "load_passages", "build_rows",
-           "normalize_answer", "answer_matches", "TOP_K"]
+__all__ = ["SearchGym", "BM25", "LibraryBM25", "DEFAULT_TASKS", "DEFAULT_PASSAGES", "load_tasks", "load_passages",
+           "build_rows", "normalize_answer", "answer_matches", "TOP_K", "UnanswerableTask", "answer_in_corpus",
+           "corpus_report"]
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "search"
 DEFAULT_TASKS = DATA_DIR / "tasks.json"
@@ -89,36 +101,97 @@ class BM25:
         return [(i, sc[i]) for i in order[:k] if sc[i] > 0]
 
 
+class LibraryBM25:
+    """BM25 of the ``rank-bm25`` library (``BM25Okapi``, k1 = 1.5, b = 0.75) with :func:`tokenize`; the
+    same ``top`` as :class:`BM25`."""
+
+    def __init__(self, docs: list[str], k1: float = 1.5, b: float = 0.75):
+        from rank_bm25 import BM25Okapi
+        self.n = len(docs)
+        self.bm25 = BM25Okapi([tokenize(d) or [""] for d in docs], k1=k1, b=b)
+
+    def top(self, query: str, k: int = TOP_K) -> list[tuple[int, float]]:
+        q = tokenize(query)
+        if not q or not self.n:
+            return []
+        sc = [float(x) for x in self.bm25.get_scores(q)]
+        order = sorted(range(self.n), key=lambda i: (-sc[i], i))
+        return [(i, sc[i]) for i in order[:k] if sc[i] > 0]
+
+
+class UnanswerableTask(ValueError):
+    """A search task whose answer occurs in no passage of its corpus."""
+
+
 def load_passages(path: str | Path = DEFAULT_PASSAGES) -> list[dict]:
     out = []
-    for line in Path(path).read_text().splitlines():
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputFileError(f"{path}: cannot read the search corpus: {type(e).__name__}: {e}") from None
+    for n, line in enumerate(lines, 1):
         if line.strip():
-            p = json.loads(line)
-            for k in ("id", "title", "text"):
-                if k not in p:
-                    raise ValueError(f"{path}: passage without {k!r}: {p}")
+            try:
+                p = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputFileError(f"{path}, line {n}: not JSON: {e}") from None
+            if not isinstance(p, dict) or not all(isinstance(p.get(k), str) for k in ("title", "text")) or "id" not in p:
+                raise InputFileError(f"{path}, line {n}: a passage is {{id, title, text}} (strings): {line[:80]!r}")
             out.append(p)
     return out
 
 
 @lru_cache(maxsize=4)
-def _index(path: str) -> tuple[tuple[dict, ...], BM25]:
+def _index(path: str, library: bool = False) -> tuple[tuple[dict, ...], BM25 | LibraryBM25]:
     passages = load_passages(path)
-    return tuple(passages), BM25([f"{p['title']} {p['text']}" for p in passages])
+    docs = [f"{p['title']} {p['text']}" for p in passages]
+    return tuple(passages), (LibraryBM25(docs) if library else BM25(docs))
 
 
-def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
-    """Tasks by id; each gets ``passages_path`` (the sibling ``passages.jsonl``) unless it names its own."""
+@lru_cache(maxsize=4)
+def _normalised_corpus(path: str) -> tuple[str, ...]:
+    return tuple(f" {normalize_answer(p['title'] + ' ' + p['text'])} " for p in load_passages(path))
+
+
+def answer_in_corpus(task: dict, path: str | Path) -> bool:
+    """Whether the task's answer or an alias (normalised, as whole words) occurs in a passage at ``path``."""
+    texts = _normalised_corpus(str(Path(path).resolve()))
+    wanted = [f" {a} " for a in (normalize_answer(x) for x in [task["answer"], *task.get("aliases", [])]) if a.strip()]
+    return any(w in t for t in texts for w in wanted)
+
+
+def load_tasks(path: str | Path = DEFAULT_TASKS, corpus: str | Path | None = None) -> dict[str, dict]:
+    """Tasks by id (ours, or Bamboogle's ``{id, question, answer}``); each gets ``passages_path``:
+    ``corpus`` when given (``gyms.search_corpus``, searched with rank-bm25, and ``answerable`` set per
+    task), else the passages the record names, else the sibling ``passages.jsonl``."""
     path = Path(path)
+    if corpus is not None:
+        load_passages(corpus)   # a broken corpus fails here, naming its file
     out: dict[str, dict] = {}
     for t in json.loads(path.read_text()):
+        if not isinstance(t, dict):
+            raise ValueError(f"{path}: a search task is a JSON object, not {t!r:.60}")
         for k in ("id", "question", "answer"):
             if k not in t:
                 raise ValueError(f"{path}: search task without {k!r}: {t}")
-        t = dict(t, aliases=list(t.get("aliases") or []))
+        answers = t["answer"] if isinstance(t["answer"], list) else [t["answer"]]
+        if not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+            raise ValueError(f"{path}: search task {t['id']!r}: answer must be a non-empty string (or list of them)")
+        t = dict(t, answer=answers[0], aliases=[*answers[1:], *list(t.get("aliases") or [])])
+        if corpus is not None:
+            t["passages_path"], t["retriever"] = str(corpus), "rank_bm25"
+            t["answerable"] = answer_in_corpus(t, corpus)
         t.setdefault("passages_path", str(path.parent / "passages.jsonl"))
         out[str(t["id"])] = t
     return out
+
+
+def corpus_report(tasks: dict[str, dict]) -> dict:
+    """How many tasks their corpus can answer: ``{tasks, answerable, unanswerable, unanswerable_ids}``
+    (a task without ``answerable`` — the bundled passages — counts as answerable)."""
+    bad = sorted(tid for tid, t in tasks.items() if t.get("answerable") is False)
+    return {"tasks": len(tasks), "answerable": len(tasks) - len(bad), "unanswerable": len(bad),
+            "unanswerable_ids": bad}
 
 
 def normalize_answer(text: str) -> str:
@@ -151,8 +224,12 @@ SYSTEM_PROMPT = """You are an agent that interacts with an environment through a
 
 
 def build_rows(tasks: dict[str, dict], split: str) -> list[dict]:
+    """One row per task; an unanswerable task (its corpus lacks the answer) raises :class:`UnanswerableTask`."""
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
+        if t.get("answerable") is False:
+            raise UnanswerableTask(f"unanswerable: search task {tid!r}: no passage of the corpus {t['passages_path']} "
+                                   f"contains its answer {t['answer']!r} (or an alias)")
         user_msg = f"The user's question: {t['question']}\nFind the answer with the search tool and answer it."
         rows.append(SearchGym.userrl_row(tid, SYSTEM_PROMPT, user_msg, t["answer"], split, i))
     return rows
@@ -169,7 +246,8 @@ class SearchGym(Gym):
     env_name = "SearchGym"
 
     def setup(self) -> None:
-        self.passages, self.index = _index(str(Path(self.task.get("passages_path") or DEFAULT_PASSAGES).resolve()))
+        self.passages, self.index = _index(str(Path(self.task.get("passages_path") or DEFAULT_PASSAGES).resolve()),
+                                           self.task.get("retriever") == "rank_bm25")
 
     def reset_state(self) -> str:
         self.queries: list[str] = []
@@ -201,9 +279,13 @@ class SearchGym(Gym):
             else:
                 self.done = True
                 ok = answer_matches(text, self.task)
-                reward = 1.0 if ok else 0.0
-                obs = "Correct." if ok else "Incorrect."
-                info = {"correct": ok, "ended_by": "answer"}
+                if self.task.get("answerable") is False:   # reported as unanswerable, never as solved
+                    obs = "The search corpus does not contain the answer to this question; it is not scored."
+                    info = {"correct": ok, "ended_by": "answer", "outcome": "unanswerable"}
+                else:
+                    reward = 1.0 if ok else 0.0
+                    obs = "Correct." if ok else "Incorrect."
+                    info = {"correct": ok, "ended_by": "answer", "outcome": "correct" if ok else "incorrect"}
         elif ch == "action":
             if not text:
                 obs, info = "Error: `action` needs a message for the user in `content`.", {"error": "empty_message"}

@@ -1,8 +1,12 @@
 """TauGym: retail customer-support tool use, tau-bench style (SPEC §3.1, DESIGN §5).
 
-The agent is a retail support agent with a small database (``data/raw/gyms/tau/db.json``:
-users, orders, products with variants). The customer is the user side (the simulator), told
-the hidden goal in ``instruction``. Choices of ``interact_with_env``:
+The agent is a retail support agent with a database: by default our bundled one
+(``data/raw/gyms/tau/db.json``, or the ``db.json`` beside the task file), or tau-bench's retail
+database (a folder with ``users.json``, ``orders.json``, ``products.json``; ``gyms.tau_db``), on which
+UserRL's real tau tasks act. The tools are tau-bench's retail tools (:mod:`.tau_tools`). The
+customer is the user side (the simulator), told the hidden goal in ``instruction``.
+
+Choices of ``interact_with_env`` (our tasks; DESIGN §5):
 
 * ``action`` — call a tool; ``content`` is JSON ``{"name": <tool>, "arguments": {...}}``
   (``kwargs`` is accepted for ``arguments``; the arguments may also be a JSON string). The
@@ -12,12 +16,17 @@ the hidden goal in ``instruction``. Choices of ``interact_with_env``:
   the observation. ``answer`` with content ``###DONE###`` ends the episode without a message.
 * ``search`` — not available here (feedback, reward 0).
 
-Episode end: the customer's reply contains ``###STOP###``, the agent sends ``###DONE###``, or
-``max_steps`` steps were taken. Only then is the reward given: **1.0 iff the sha256 of the
-canonical JSON (sorted keys) of the episode's final database equals that of a fresh copy of the
-database after replaying the task's gold write ``actions``**, else 0.0 — the tau-bench
-final-state check. Every other step has reward 0. Each episode works on its own deep copy of the
-database (the loaded database is never mutated).
+UserRL's tasks (records ``{id, obs, info: {task: {user_id, actions, instruction, outputs}}}``) keep
+UserRL's own mapping, which its row prompts teach (``protocol: "userrl"``): ``action`` talks to the
+customer, ``answer`` calls a tool, ``search`` with ``tools`` lists the tools (``help``: how to play).
+
+Episode end: the customer's reply contains ``###STOP###``, the agent sends ``###DONE###``, the
+agent calls ``transfer_to_human_agents``, or ``max_steps`` steps were taken. Only then is the
+reward given, as tau-bench computes it: **1.0 iff the sha256 of the canonical JSON (sorted keys) of
+the episode's final database equals that of a fresh copy of the database after replaying the
+task's gold ``actions``** and every string of the task's ``outputs`` occurs (lower-cased, commas
+removed) in a message the agent sent to the customer; else 0.0. Every other step has reward 0.
+Each episode works on its own deep copy of the database (the loaded database is never mutated).
 
 Task record (tau-bench format + an id): ``{id, user_id, instruction, actions: [{name, kwargs}],
 outputs: [], opening?}`` — ``opening`` is the customer's first message, shown to the agent in
@@ -26,229 +35,91 @@ the row prompt.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.tau_tools import (CANCEL_REASONS, TERMINAL_TOOLS, TOOL_DOCS, TOOLS, WRITE_TOOLS,
+                                             ToolError, call_tool, db_hash)
+from mimesis_lab.envs.gyms.tau_tools import load_db as _load_db_at
 
 __all__ = ["TauGym", "TOOLS", "WRITE_TOOLS", "ToolError", "DEFAULT_TASKS", "DEFAULT_DB", "load_tasks", "load_db",
-           "build_rows", "db_hash", "call_tool", "STOP", "DONE"]
+           "build_rows", "db_hash", "call_tool", "STOP", "DONE", "WORLD_TOOLS", "userrl_task", "outputs_found",
+           "CANCEL_REASONS", "TERMINAL_TOOLS", "tool_list"]
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "tau"
 DEFAULT_TASKS = DATA_DIR / "tasks.json"
 DEFAULT_DB = DATA_DIR / "db.json"
 STOP, DONE = "###STOP###", "###DONE###"
-CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 ADDRESS_FIELDS = ("address1", "address2", "city", "state", "country", "zip")
-
-
-class ToolError(Exception):
-    """A tool refused the call (shown to the agent as ``Error: …``)."""
-
-
-# --------------------------------------------------------------------------- tools
-def _user(db, user_id):
-    if not isinstance(user_id, str) or user_id not in db["users"]:
-        raise ToolError(f"user not found: {user_id!r}")
-    return db["users"][user_id]
-
-
-def _order(db, order_id):
-    if not isinstance(order_id, str) or order_id not in db["orders"]:
-        raise ToolError(f"order not found: {order_id!r}")
-    return db["orders"][order_id]
-
-
-def _item_ids(value, what="item_ids"):
-    if not isinstance(value, list) or not value or not all(isinstance(i, str) for i in value):
-        raise ToolError(f"{what} must be a non-empty list of item id strings")
-    return list(value)
-
-
-def _check_items_in_order(order, item_ids):
-    have = Counter(it["item_id"] for it in order["items"])
-    for i, n in Counter(item_ids).items():
-        if have[i] < n:
-            raise ToolError(f"item {i} is not in order {order['order_id']} (or requested more times than ordered)")
-
-
-def _payment(db, order, payment_method_id):
-    methods = db["users"][order["user_id"]]["payment_methods"]
-    if payment_method_id not in methods:
-        raise ToolError(f"payment method {payment_method_id!r} does not belong to the order's user")
-    return methods[payment_method_id]
-
-
-def find_user_id_by_email(db, email: str):
-    for uid, u in db["users"].items():
-        if isinstance(email, str) and u["email"].lower() == email.strip().lower():
-            return uid
-    raise ToolError("no user with this email")
-
-
-def find_user_id_by_name_zip(db, first_name: str, last_name: str, zip: str):  # noqa: A002 (tau-bench name)
-    for uid, u in db["users"].items():
-        n = u["name"]
-        if (str(first_name).strip().lower(), str(last_name).strip().lower(), str(zip).strip()) == (
-                n["first_name"].lower(), n["last_name"].lower(), u["address"]["zip"]):
-            return uid
-    raise ToolError("no user with this name and zip code")
-
-
-def get_user_details(db, user_id: str):
-    return _user(db, user_id)
-
-
-def get_order_details(db, order_id: str):
-    return _order(db, order_id)
-
-
-def get_product_details(db, product_id: str):
-    if not isinstance(product_id, str) or product_id not in db["products"]:
-        raise ToolError(f"product not found: {product_id!r}")
-    return db["products"][product_id]
-
-
-def cancel_pending_order(db, order_id: str, reason: str):
-    order = _order(db, order_id)
-    if order["status"] != "pending":
-        raise ToolError(f"order {order_id} is {order['status']}; only pending orders can be cancelled")
-    if reason not in CANCEL_REASONS:
-        raise ToolError(f"reason must be one of {list(CANCEL_REASONS)}")
-    for pay in [p for p in order["payment_history"] if p["transaction_type"] == "payment"]:
-        order["payment_history"].append({"transaction_type": "refund", "amount": pay["amount"],
-                                         "payment_method_id": pay["payment_method_id"]})
-        method = db["users"][order["user_id"]]["payment_methods"].get(pay["payment_method_id"], {})
-        if method.get("source") == "gift_card":
-            method["balance"] = round(method["balance"] + pay["amount"], 2)
-    order["status"], order["cancel_reason"] = "cancelled", reason
-    return order
-
-
-def modify_pending_order_address(db, order_id: str, address1: str, address2: str, city: str, state: str,
-                                 country: str, zip: str):  # noqa: A002
-    order = _order(db, order_id)
-    if order["status"] != "pending":
-        raise ToolError(f"order {order_id} is {order['status']}; only pending orders can be modified")
-    new = dict(address1=address1, address2=address2, city=city, state=state, country=country, zip=zip)
-    if not all(isinstance(v, str) for v in new.values()) or not all(new[k].strip() for k in new if k != "address2"):
-        raise ToolError("address1, city, state, country and zip must be non-empty strings (address2 may be empty)")
-    order["address"] = {k: v.strip() for k, v in new.items()}
-    return order
-
-
-def return_delivered_order_items(db, order_id: str, item_ids: list, payment_method_id: str):
-    order = _order(db, order_id)
-    if order["status"] != "delivered":
-        raise ToolError(f"order {order_id} is {order['status']}; only delivered orders can be returned")
-    item_ids = _item_ids(item_ids)
-    _check_items_in_order(order, item_ids)
-    method = _payment(db, order, payment_method_id)
-    original = {p["payment_method_id"] for p in order["payment_history"] if p["transaction_type"] == "payment"}
-    if payment_method_id not in original and method.get("source") != "gift_card":
-        raise ToolError("the refund must go to the original payment method or a gift card")
-    order["status"] = "return requested"
-    order["return_items"] = sorted(item_ids)
-    order["return_payment_method_id"] = payment_method_id
-    return order
-
-
-def exchange_delivered_order_items(db, order_id: str, item_ids: list, new_item_ids: list, payment_method_id: str):
-    order = _order(db, order_id)
-    if order["status"] != "delivered":
-        raise ToolError(f"order {order_id} is {order['status']}; only delivered orders can be exchanged")
-    item_ids, new_item_ids = _item_ids(item_ids), _item_ids(new_item_ids, "new_item_ids")
-    if len(item_ids) != len(new_item_ids):
-        raise ToolError("item_ids and new_item_ids must have the same length")
-    _check_items_in_order(order, item_ids)
-    by_id = {it["item_id"]: it for it in order["items"]}
-    diff = 0.0
-    for old, new in zip(item_ids, new_item_ids):
-        product = db["products"][by_id[old]["product_id"]]
-        variant = product["variants"].get(new)
-        if variant is None:
-            raise ToolError(f"new item {new} is not a variant of {product['name']} (product {product['product_id']})")
-        if new == old:
-            raise ToolError(f"new item {new} is the same as the old item")
-        if not variant["available"]:
-            raise ToolError(f"new item {new} is not available")
-        diff += variant["price"] - by_id[old]["price"]
-    method = _payment(db, order, payment_method_id)
-    diff = round(diff, 2)
-    if method.get("source") == "gift_card" and method.get("balance", 0.0) < diff:
-        raise ToolError("insufficient gift card balance to pay for the price difference")
-    order["status"] = "exchange requested"
-    order["exchange_items"], order["exchange_new_items"] = sorted(item_ids), sorted(new_item_ids)
-    order["exchange_payment_method_id"], order["exchange_price_difference"] = payment_method_id, diff
-    return order
-
-
-TOOLS = {f.__name__: f for f in (find_user_id_by_email, find_user_id_by_name_zip, get_user_details,
-                                   get_order_details, get_product_details, cancel_pending_order,
-                                   modify_pending_order_address, return_delivered_order_items,
-                                   exchange_delivered_order_items)}
-WRITE_TOOLS = ("cancel_pending_order", "modify_pending_order_address", "return_delivered_order_items",
-               "exchange_delivered_order_items")
-TOOL_DOCS = {
-    "find_user_id_by_email": "(email) -> the user id",
-    "find_user_id_by_name_zip": "(first_name, last_name, zip) -> the user id",
-    "get_user_details": "(user_id) -> name, email, address, payment methods, order ids",
-    "get_order_details": "(order_id) -> status, address, items (item_id, product_id, options, price), payments",
-    "get_product_details": "(product_id) -> the product's variants (item_id, options, price, available)",
-    "cancel_pending_order": f"(order_id, reason) -> cancels a *pending* order; reason is one of {list(CANCEL_REASONS)}",
-    "modify_pending_order_address": "(order_id, address1, address2, city, state, country, zip) -> changes the "
-                                    "shipping address of a *pending* order",
-    "return_delivered_order_items": "(order_id, item_ids, payment_method_id) -> requests a return of items of a "
-                                    "*delivered* order; refund to the original payment method or a gift card",
-    "exchange_delivered_order_items": "(order_id, item_ids, new_item_ids, payment_method_id) -> exchanges items "
-                                      "of a *delivered* order for available variants of the same products",
-}
-
-
-def call_tool(db: dict, name: str, arguments: dict) -> Any:
-    """Run one tool on ``db`` (mutated by write tools); raises :class:`ToolError` on a refused call."""
-    if name not in TOOLS:
-        raise ToolError(f"unknown tool {name!r}; tools: {sorted(TOOLS)}")
-    if not isinstance(arguments, dict):
-        raise ToolError("arguments must be a JSON object")
-    try:
-        return TOOLS[name](db, **arguments)
-    except TypeError as e:  # wrong / missing argument names
-        raise ToolError(f"bad arguments for {name}: {TOOL_DOCS[name]} ({e})") from None
-
-
-def db_hash(db: dict) -> str:
-    return hashlib.sha256(json.dumps(db, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-@lru_cache(maxsize=8)
-def _load_db_cached(path: str) -> dict:
-    return json.loads(Path(path).read_text())
+# the tools our own tasks' prompt lists (the bundled world's tasks need no others; all of TOOLS can be called)
+WORLD_TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip", "get_user_details", "get_order_details",
+               "get_product_details", "cancel_pending_order", "modify_pending_order_address",
+               "return_delivered_order_items", "exchange_delivered_order_items")
+DEFAULT_OPENING = "Hi, I need some help with my order."
 
 
 def load_db(path: str | Path = DEFAULT_DB) -> dict:
-    """A fresh deep copy of the database at ``path``."""
-    return copy.deepcopy(_load_db_cached(str(Path(path).resolve())))
+    """A fresh deep copy of the database at ``path``: a ``db.json`` or tau-bench's retail data folder
+    (``users.json``, ``orders.json``, ``products.json``). A missing, unreadable or malformed file raises
+    :class:`~mimesis_lab.io.InputFileError` naming the file and the error."""
+    return _load_db_at(path)
 
 
-def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
-    """Tasks by id; each gets ``db_path`` (the sibling ``db.json``) unless it names its own."""
+def userrl_task(rec: dict[str, Any]) -> dict[str, Any]:
+    """Our task record from one of UserRL's TauGym task records (``{id, obs, info: {task: {...}}}``);
+    other records are returned as they are. A nested record lacking a field raises ``ValueError`` naming it."""
+    info = rec.get("info")
+    if not (isinstance(info, dict) and isinstance(info.get("task"), dict)):
+        return rec
+    inner = info["task"]
+    missing = [k for k in ("user_id", "actions", "instruction") if k not in inner]
+    if missing:
+        raise ValueError(f"tau task {rec.get('id')!r}: info.task has no {', '.join(map(repr, missing))}")
+    out = {"id": rec.get("id"), "user_id": inner["user_id"], "instruction": inner["instruction"],
+           "actions": inner["actions"], "outputs": list(inner.get("outputs") or []), "protocol": "userrl"}
+    if rec.get("obs"):
+        out["opening"] = rec["obs"]
+    return out
+
+
+def load_tasks(path: str | Path = DEFAULT_TASKS, db: str | Path | None = None) -> dict[str, dict]:
+    """Tasks by id, in our format or UserRL's (nested under ``info.task``: :func:`userrl_task`).
+
+    Each task gets ``db_path``: ``db`` when given (``gyms.tau_db``: a tau-bench retail folder or a
+    ``db.json``; it is read here, so a broken database fails naming its file), else the path the
+    record names, else the sibling ``db.json``.
+    """
     path = Path(path)
+    if db is not None:
+        load_db(db)
     raw = json.loads(path.read_text())
     out: dict[str, dict] = {}
     for t in raw:
+        if not isinstance(t, dict):
+            raise ValueError(f"{path}: a tau task is a JSON object, not {t!r:.60}")
+        try:
+            t = dict(userrl_task(t))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
         for k in ("id", "user_id", "instruction", "actions"):
-            if k not in t:
-                raise ValueError(f"{path}: tau task without {k!r}: {t}")
-        t = dict(t)
+            if t.get(k) is None:
+                raise ValueError(f"{path}: tau task without {k!r}: {t!r:.200}")
         t.setdefault("outputs", [])
-        t.setdefault("db_path", str(path.parent / "db.json"))
+        if db is not None:
+            t["db_path"] = str(db)
+        else:
+            t.setdefault("db_path", str(path.parent / "db.json"))
         out[str(t["id"])] = t
     return out
+
+
+def outputs_found(outputs: list[str], messages: list[str]) -> dict[str, bool]:
+    """tau-bench's output check: each required output, lower-cased, occurs in a message to the customer
+    (lower-cased, commas removed)."""
+    said = [m.lower().replace(",", "") for m in messages]
+    return {o: any(str(o).lower() in m for m in said) for o in outputs}
 
 
 # --------------------------------------------------------------------------- rows
@@ -270,19 +141,50 @@ TOOLS_HERE
   * Write your reasoning between `<think>` and `</think>` before each tool call. The number of steps is limited."""
 
 
+USERRL_SYSTEM_PROMPT = """You are an agent that interacts with an environment through a tool. Below are the environment, your action space and some notes.
+
+- Environment Description: TauGym is a retail customer-support desk. A customer wants help with their orders. Find out what they need by talking to them, and fulfil it with the store's internal tools; the episode is judged by the final state of the store's database.
+
+- Action Space: call the tool `interact_with_env` with `choice` one of `search`, `action`, `answer`.
+
+- Action Description:
+  * `search`: `content` is `tools` (the list of internal tools with their arguments) or `help` (how to work here).
+  * `action`: send a message to the customer in `content`; the customer's reply comes back.
+  * `answer`: call an internal tool; `content` must be JSON: {"name": <tool name>, "arguments": {<argument>: <value>, ...}}.
+
+- Policy and Notes:
+  * Authenticate the customer first (email, or first name + last name + zip code) and only act on that customer's orders.
+  * Before any change state what you will do and get the customer's explicit confirmation. Never make changes the customer did not ask for.
+  * A tool that refuses a call returns `Error: ...` and changes nothing.
+  * Write your reasoning between `<think>` and `</think>` before each tool call. The number of steps is limited."""
+USERRL_HELP = ("Ask the customer what they need and how to identify them (`action`), look their account and orders "
+               "up with the tools (`answer` with a JSON tool call), confirm each change with the customer, then "
+               "make it. The conversation ends when the customer is satisfied.")
+
+
+def tool_list(names=None) -> str:
+    """One line per tool: its name, arguments and what it does."""
+    return "\n".join(f"    - {n}{TOOL_DOCS[n]}" for n in (names or TOOLS))
+
+
 def system_prompt() -> str:
-    tools = "\n".join(f"    - {n}{TOOL_DOCS[n]}" for n in TOOLS)
-    return SYSTEM_PROMPT.replace("TOOLS_HERE", tools)
+    """The system prompt of our tasks' rows (lists :data:`WORLD_TOOLS`, as before tau-bench's other tools)."""
+    return SYSTEM_PROMPT.replace("TOOLS_HERE", tool_list(WORLD_TOOLS))
 
 
 def build_rows(tasks: dict[str, dict], split: str) -> list[dict]:
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
-        opening = t.get("opening") or "Hi, I need some help with my order."
-        user_msg = (f"A customer has started a chat with the support desk. Their first message:\n\"{opening}\"\n"
-                    "Help the customer by talking to them (`answer`) and using the store tools (`action`).")
-        rows.append(TauGym.userrl_row(tid, system_prompt(), user_msg, json.dumps(t["actions"], sort_keys=True),
-                                      split, i))
+        opening = t.get("opening") or DEFAULT_OPENING
+        if t.get("protocol") == "userrl":
+            system = USERRL_SYSTEM_PROMPT
+            user_msg = (f"Here is my request: {opening}\nHelp me step by step: talk to me (`action`) and call the "
+                        "internal tools (`answer`).")
+        else:
+            system = system_prompt()
+            user_msg = (f"A customer has started a chat with the support desk. Their first message:\n\"{opening}\"\n"
+                        "Help the customer by talking to them (`answer`) and using the store tools (`action`).")
+        rows.append(TauGym.userrl_row(tid, system, user_msg, json.dumps(t["actions"], sort_keys=True), split, i))
     return rows
 
 
@@ -310,9 +212,16 @@ class TauGym(Gym):
         self._pristine = copy.deepcopy(self.task["db"]) if isinstance(self.task.get("db"), dict) else \
             load_db(self.task.get("db_path") or DEFAULT_DB)
         gold = copy.deepcopy(self._pristine)
-        for a in self.task.get("actions", []):
-            call_tool(gold, a["name"], dict(a.get("kwargs") or {}))  # a gold action that fails is a task bug
+        for n, a in enumerate(self.task.get("actions", []), 1):   # a gold action that fails is a task bug
+            try:
+                call_tool(gold, a["name"], dict(a.get("kwargs") or {}))
+            except ToolError as e:
+                where = "the given db" if isinstance(self.task.get("db"), dict) else \
+                    (self.task.get("db_path") or DEFAULT_DB)
+                raise ToolError(f"tau task {self.task.get('id')!r}: gold action {n} ({a['name']}) fails on the "
+                                f"database {where}: {e} (is gyms.tau_db the database of these tasks?)") from None
         self.gold_hash = db_hash(gold)
+        self.userrl = self.task.get("protocol") == "userrl"
 
     def reset_state(self) -> str:
         self.db = copy.deepcopy(self._pristine)
@@ -320,12 +229,22 @@ class TauGym(Gym):
         return ""
 
     def final_reward(self) -> float:
-        return 1.0 if db_hash(self.db) == self.gold_hash else 0.0
+        """tau-bench's reward: the final state equals the gold one and every required output was said."""
+        if db_hash(self.db) != self.gold_hash:
+            return 0.0
+        return 1.0 if all(self.outputs_check().values()) else 0.0
+
+    def outputs_check(self) -> dict[str, bool]:
+        return outputs_found(self.task.get("outputs") or [],
+                             [m["content"] for m in self.dialogue if m["role"] == "agent"])
 
     def _end(self, observation: str, info: dict) -> StepResult:
         self.done = True
         reward = self.final_reward()
-        info = dict(info, final_state_match=bool(reward), db_hash=db_hash(self.db), gold_hash=self.gold_hash)
+        info = dict(info, final_state_match=db_hash(self.db) == self.gold_hash, db_hash=db_hash(self.db),
+                    gold_hash=self.gold_hash)
+        if self.task.get("outputs"):
+            info["outputs_found"] = self.outputs_check()
         return StepResult(observation, reward, True, info)
 
     def step(self, choice: str, content: str) -> StepResult:
@@ -333,11 +252,16 @@ class TauGym(Gym):
             return StepResult("The episode has already ended.", 0.0, True, {"error": "episode_done"})
         self.steps += 1
         ch = choice.strip().strip("[]").lower() if isinstance(choice, str) else ""
-        if ch == "action":
+        tool_choice, talk_choice = ("answer", "action") if self.userrl else ("action", "answer")
+        if ch == tool_choice:
             obs, info = self._tool(content)
-        elif ch == "answer":
+            if info.get("tool") in TERMINAL_TOOLS and "error" not in info:
+                return self._end(f"{obs}\nThe customer has been transferred; the conversation ends.",
+                                 dict(info, ended_by="transfer"))
+        elif ch == talk_choice:
             if not isinstance(content, str) or not content.strip():
-                obs, info = "Error: `answer` needs a non-empty message for the customer.", {"error": "empty_message"}
+                obs, info = f"Error: `{talk_choice}` needs a non-empty message for the customer.", \
+                    {"error": "empty_message"}
             elif content.strip().upper() == DONE:
                 return self._end("The conversation is closed.", {"ended_by": "agent"})
             else:
@@ -347,12 +271,20 @@ class TauGym(Gym):
                     obs = (f"Customer: {text}\n" if text else "") + "The customer has ended the conversation."
                     return self._end(obs, {"ended_by": "user"})
                 obs, info = f"Customer: {reply}", {}
+        elif ch == "search" and self.userrl:
+            what = content.strip().lower() if isinstance(content, str) else ""
+            if what == "tools":
+                obs, info = "Internal tools (call one with `answer`):\n" + tool_list(), {"search": "tools"}
+            elif what == "help":
+                obs, info = USERRL_HELP, {"search": "help"}
+            else:
+                obs, info = "Error: `search` content must be `tools` or `help`.", {"error": "bad_search"}
         elif ch == "search":
             obs, info = "Error: `search` is not available in TauGym; use `action` (tools) or `answer`.", \
                 {"error": "unsupported_choice"}
         else:
-            obs, info = (f"Error: unknown choice {choice!r}; use one of {list(CHOICES)} (`action` or `answer` here).",
-                         {"error": "unknown_choice"})
+            obs, info = (f"Error: unknown choice {choice!r}; use one of {list(CHOICES)} (`{tool_choice}` or "
+                         f"`{talk_choice}` here).", {"error": "unknown_choice"})
         if self.steps >= self.max_steps:
             return self._end(obs + "\nThe maximum number of steps is reached; the episode ends.",
                              dict(info, ended_by="max_steps"))
@@ -364,10 +296,12 @@ class TauGym(Gym):
             try:
                 call = json.loads(content)
             except json.JSONDecodeError:
-                return ('Error: `action` content must be JSON {"name": <tool>, "arguments": {...}}.',
+                return (f'Error: `{"answer" if self.userrl else "action"}` content must be JSON '
+                        '{"name": <tool>, "arguments": {...}}.',
                         {"error": "malformed_json"})
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return 'Error: `action` content must be a JSON object with a "name" string.', {"error": "malformed_call"}
+            return (f'Error: `{"answer" if self.userrl else "action"}` content must be a JSON object with a "name" '
+                    'string.', {"error": "malformed_call"})
         args = call.get("arguments", call.get("kwargs", {}))
         if isinstance(args, str):
             try:
@@ -392,7 +326,7 @@ class TauGym(Gym):
 
     def user_system_prompt(self) -> str:
         return USER_PROMPT.format(instruction=self.task["instruction"],
-                                  opening=self.task.get("opening") or "Hi, I need some help with my order.")
+                                  opening=self.task.get("opening") or DEFAULT_OPENING)
 
     def hidden_facts(self) -> list[str]:
         """Goal details of the gold actions (new address, cancel reason, returned items, exchange targets);
@@ -402,10 +336,11 @@ class TauGym(Gym):
             kw = a.get("kwargs") or {}
             if a["name"] == "cancel_pending_order":
                 facts.append(kw["reason"])
-            elif a["name"] == "modify_pending_order_address":
+            elif a["name"] in ("modify_pending_order_address", "modify_user_address"):
                 facts += [kw[k] for k in ("address1", "address2") if kw.get(k)]
                 facts.append(f"{kw['city']}, {kw['state']} {kw['zip']}")
-            elif a["name"] in ("return_delivered_order_items", "exchange_delivered_order_items"):
+            elif a["name"] in ("return_delivered_order_items", "exchange_delivered_order_items",
+                               "modify_pending_order_items"):
                 order = self._pristine["orders"][kw["order_id"]]
                 by_id = {it["item_id"]: it for it in order["items"]}
                 if a["name"] == "return_delivered_order_items":

@@ -31,6 +31,18 @@ the others are hidden and only the user side knows them.
   answer ends the episode; content naming no option or several options is malformed (reward 0,
   not done).
 
+**Multi-aspect tasks** (UserRL's TravelGym ids such as ``apartment:2-86|rental_car:2-60``, 2–4 aspects)::
+
+    {"id": "hotel:1|flight:2", "request": "<the opening message>",
+     "aspects": [<an aspect record as above: aspect, city, price_unit, preferences, options, best_id>, …]}
+
+Option ids are unique across aspects. Preferences are elicited over all aspects (0.2 each); a
+valid search earns 0.2 for each aspect whose options it lists for the first time. An answer names
+one option and is scored **for that option's aspect** as above (1.0 / 0.8 / 0), once per aspect
+(UserRL's one choice per aspect: a second answer for an answered aspect is feedback, reward 0);
+the episode continues after an answer until every aspect is answered (or the budget ends), so an
+episode's reward sums the aspects'. A single-aspect record is a task of one aspect (as before).
+
 Unknown choices, empty content and malformed answers are feedback (reward 0, not done); each call
 counts as a step and the episode ends after ``max_steps`` steps.
 """
@@ -42,7 +54,7 @@ from typing import Any
 
 from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
-__all__ = ["TASKS_PATH", "TravelGym", "load_tasks", "build_rows", "satisfies", "search_options", "mentions"]
+__all__ = ["TASKS_PATH", "TravelGym", "load_tasks", "build_rows", "satisfies", "search_options", "mentions", "aspects"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "travel" / "tasks.json"
 
@@ -101,9 +113,32 @@ def _norm(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
+def aspects(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The aspect records of a task: its ``aspects``, or the task itself (single-aspect)."""
+    return list(task["aspects"]) if "aspects" in task else [task]
+
+
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
-    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
-    return tasks_by_id(path, "travel", ('options', 'preferences'))
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object; every
+    aspect needs options, preferences and a ``best_id`` among its options, and option ids are unique."""
+    tasks = tasks_by_id(path, "travel", ())
+    for tid, t in tasks.items():
+        asp = t.get("aspects") if "aspects" in t else [t]
+        if not isinstance(asp, list) or not asp or not all(isinstance(a, dict) for a in asp):
+            raise ValueError(f"{path}: travel task {tid!r}: aspects must be a non-empty list of objects")
+        ids: list[str] = []
+        for a in asp:
+            if not a.get("options") or not a.get("preferences"):
+                raise ValueError(f"{path}: malformed travel task {tid!r}: an aspect without options or preferences")
+            opt_ids = [str(o.get("id")) for o in a["options"] if isinstance(o, dict)]
+            if str(a.get("best_id")) not in opt_ids:
+                raise ValueError(f"{path}: travel task {tid!r}: best_id {a.get('best_id')!r} is not an option id")
+            ids += opt_ids
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"{path}: travel task {tid!r}: option ids repeat across aspects")
+        if "aspects" in t and not t.get("request"):
+            raise ValueError(f"{path}: travel task {tid!r}: a multi-aspect task needs a request")
+    return tasks
 
 
 def satisfies(option: dict[str, Any], pref: dict[str, Any]) -> bool:
@@ -157,8 +192,14 @@ def search_options(task: dict[str, Any], query: str) -> list[dict[str, Any]]:
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
-        user = f"{t['request']}\nPlease recommend the one option that suits me best."
-        rows.append(TravelGym.userrl_row(tid, SYSTEM_PROMPT, user, str(t["best_id"]), split, i))
+        if "aspects" in t:
+            names = ", ".join(str(a.get("aspect", "option")) for a in t["aspects"])
+            user = f"{t['request']}\nPlease recommend one option for each of: {names}."
+            truth = str([str(a["best_id"]) for a in t["aspects"]])
+        else:
+            user = f"{t['request']}\nPlease recommend the one option that suits me best."
+            truth = str(t["best_id"])
+        rows.append(TravelGym.userrl_row(tid, SYSTEM_PROMPT, user, truth, split, i))
     return rows
 
 
@@ -167,21 +208,30 @@ class TravelGym(Gym):
     name = "travel"
     env_name = "TravelGym"
 
+    def setup(self) -> None:
+        self.aspects = aspects(self.task)
+        self.prefs = [(a, p) for a, asp in enumerate(self.aspects) for p in asp.get("preferences", [])]
+
     def reset_state(self) -> str:
-        prefs = self.task.get("preferences", [])
-        self.known: set[int] = {i for i, p in enumerate(prefs) if p.get("stated")}
+        self.known: set[int] = {i for i, (_, p) in enumerate(self.prefs) if p.get("stated")}
         self.elicited: set[int] = set()
-        self.searched = False
+        self.searched_aspects: set[int] = set()
+        self.answered: dict[int, str] = {}   # aspect index -> verdict
         return ""
+
+    @property
+    def searched(self) -> bool:
+        return bool(self.searched_aspects)
 
     # ---- user side -------------------------------------------------------------------------
     def user_system_prompt(self) -> str:
         t = self.task
-        hidden = [p["text"] for p in t["preferences"] if not p.get("stated")]
-        stated = [p["text"] for p in t["preferences"] if p.get("stated")]
+        hidden = [p["text"] for _, p in self.prefs if not p.get("stated")]
+        stated = [p["text"] for _, p in self.prefs if p.get("stated")]
+        what = " and ".join(f"a {a.get('aspect', 'booking')}" for a in self.aspects)
         lines = [
-            f"You are a traveller talking to an AI travel assistant about a {t.get('aspect', 'booking')}"
-            f" in {t.get('city', 'your destination')}.",
+            f"You are a traveller talking to an AI travel assistant about {what}"
+            f" in {self.aspects[0].get('city') or t.get('city', 'your destination')}.",
             f"Your opening request was: \"{t['request']}\"",
             "Your private preferences (the assistant does not know them yet):",
             *[f"- {p}" for p in hidden],
@@ -197,10 +247,11 @@ class TravelGym(Gym):
         return "\n".join(lines)
 
     def hidden_facts(self) -> list[str]:
-        facts = [p["text"] for p in self.task["preferences"] if not p.get("stated")]
-        best = next((o for o in self.task["options"] if str(o["id"]) == str(self.task.get("best_id"))), None)
-        if best is not None:
-            facts.append(str(best.get("name", best["id"])))
+        facts = [p["text"] for _, p in self.prefs if not p.get("stated")]
+        for asp in self.aspects:
+            best = next((o for o in asp["options"] if str(o["id"]) == str(asp.get("best_id"))), None)
+            if best is not None:
+                facts.append(str(best.get("name", best["id"])))
         return facts
 
     # ---- steps ------------------------------------------------------------------------------
@@ -233,7 +284,7 @@ class TravelGym(Gym):
         reply = self.ask_user(text)   # UserSideError propagates to the rollout loop
         low = reply.lower()
         new = []
-        for i, p in enumerate(self.task["preferences"]):
+        for i, (_, p) in enumerate(self.prefs):
             if i in self.known or i in self.elicited:
                 continue
             if any(mentions(low, k) for k in p.get("keywords", [])):
@@ -243,25 +294,29 @@ class TravelGym(Gym):
         return self._finish(reply, ELICIT_REWARD * len(new), False, {"elicited": new})
 
     def _search(self, text: str) -> StepResult:
-        hits = search_options(self.task, text)
-        if not hits:
+        found = [(a, o) for a, asp in enumerate(self.aspects) for o in search_options(asp, text)]
+        if len(self.aspects) > 1:   # most matches first across aspects (ties: aspect, then file order)
+            q = _words(text)
+            found.sort(key=lambda t: -len(q & _words(_option_text(self.aspects[t[0]], t[1]))))
+        if not found:
             return self._finish("No options match this query. Try naming the kind of option "
-                                f"(e.g. '{self.task.get('aspect', 'hotel')}') or a feature.", 0.0, False,
+                                f"(e.g. '{self.aspects[0].get('aspect', 'hotel')}') or a feature.", 0.0, False,
                                 {"search_hits": 0})
-        reward = 0.0 if self.searched else SEARCH_REWARD
-        self.searched = True
-        obs = f"Found {len(hits)} option(s):\n" + "\n".join(format_option(self.task, o) for o in hits)
-        return self._finish(obs, reward, False, {"search_hits": len(hits)})
+        new = {a for a, _ in found} - self.searched_aspects
+        self.searched_aspects |= new
+        obs = f"Found {len(found)} option(s):\n" + "\n".join(format_option(self.aspects[a], o) for a, o in found)
+        return self._finish(obs, SEARCH_REWARD * len(new), False, {"search_hits": len(found)})
 
-    def _match_options(self, text: str) -> list[dict[str, Any]]:
+    def _match_options(self, text: str) -> list[tuple[int, dict[str, Any]]]:
         tokens = set(re.findall(r"[a-z0-9]+", text.lower()))
         ntext = f" {_norm(text)} "
         found = []
-        for o in self.task["options"]:
-            oid = str(o["id"]).lower()
-            name = _norm(str(o.get("name", "")))
-            if oid in tokens or (name and f" {name} " in ntext):
-                found.append(o)
+        for a, asp in enumerate(self.aspects):
+            for o in asp["options"]:
+                oid = str(o["id"]).lower()
+                name = _norm(str(o.get("name", "")))
+                if oid in tokens or (name and f" {name} " in ntext):
+                    found.append((a, o))
         return found
 
     def _answer(self, text: str) -> StepResult:
@@ -270,16 +325,28 @@ class TravelGym(Gym):
             why = "names no known option" if not found else "names more than one option"
             return self._finish(f"Invalid answer: it {why}. Recommend exactly one option by its id.", 0.0, False,
                                 {"error": "malformed_answer"})
-        opt = found[0]
-        prefs = self.task["preferences"]
-        ok = [satisfies(opt, p) for p in prefs]
-        if all(ok):
+        a, opt = found[0]
+        name = str(self.aspects[a].get("aspect", "option"))
+        if a in self.answered:
+            return self._finish(f"You already recommended an option for the {name}; recommend one option for "
+                                "each remaining aspect.", 0.0, False, {"error": "aspect_answered", "aspect": name})
+        mine = [i for i, (pa, _) in enumerate(self.prefs) if pa == a]
+        ok = {i: satisfies(opt, self.prefs[i][1]) for i in mine}
+        known = [i for i in mine if i in self.known]
+        if all(ok.values()):
             reward, verdict = BEST_REWARD, "best"
-        elif self.known and all(ok[i] for i in self.known):
+        elif known and all(ok[i] for i in known):
             reward, verdict = CORRECT_REWARD, "correct"
         else:
             reward, verdict = 0.0, "wrong"
+        self.answered[a] = verdict
         obs = {"best": "Great choice: this option satisfies all of the user's preferences.",
                "correct": "This option fits what the user told you, but it misses some of their preferences.",
                "wrong": "This option does not fit the user's preferences."}[verdict]
-        return self._finish(obs, reward, True, {"answer": opt["id"], "verdict": verdict})
+        left = [str(asp.get("aspect", "option")) for i, asp in enumerate(self.aspects) if i not in self.answered]
+        info = {"answer": opt["id"], "verdict": verdict}
+        if len(self.aspects) > 1:
+            info.update(aspect=name, aspects_left=left)
+            if left:
+                obs += f" Still to recommend: {', '.join(left)}."
+        return self._finish(obs, reward, not left, info)
