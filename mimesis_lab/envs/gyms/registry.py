@@ -22,7 +22,7 @@ from mimesis_lab.envs.gyms import function, intention, persuade, search, tau, te
 from mimesis_lab.envs.gyms.base import GYMS, Gym, UserSide, create_kwargs, gym_name
 
 __all__ = ["MODULES", "TRAIN_GYMS", "HELD_OUT_GYMS", "ALL_GYMS", "SPLITS", "load_tasks", "gym_for_row",
-           "TaskLookupError", "RowError", "row_identity", "normalise_row", "resolve_task"]
+           "TaskLookupError", "RowError", "row_identity", "normalise_row", "resolve_task", "inline_task"]
 
 MODULES: dict[str, ModuleType] = {m.__name__.rsplit(".", 1)[1]: m for m in
                                   (travel, turtle, function, tau, persuade, intention, telepathy, search)}
@@ -48,7 +48,7 @@ class RowError(ValueError):
         self.reason = reason
 
 
-def _inline_task(name: str, row: dict[str, Any]) -> dict[str, Any] | None:
+def inline_task(name: str, row: dict[str, Any]) -> dict[str, Any] | None:
     """The task a row carries inline in its create_kwargs (None when the gym or the row has none)."""
     fn = getattr(MODULES[name], "task_from_kwargs", None)
     return fn(create_kwargs(row), row.get("reward_model") or {}) if fn is not None else None
@@ -72,7 +72,7 @@ def row_identity(row: dict[str, Any]) -> dict[str, str | None]:
         ck = create_kwargs(row)
         tid = ck.get("id") or (row.get("reward_model") or {}).get("id")
         if tid in (None, ""):
-            inline = _inline_task(name, row)
+            inline = inline_task(name, row)
             tid = inline.get("id") if inline else None
     if tid in (None, ""):
         raise RowError("no_task_id", f"{ds} row names no task: no create_kwargs id, reward_model id or inline task")
@@ -105,7 +105,7 @@ def resolve_task(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]
     file) or ``ValueError`` (an inline task that misses a field; the message names it)."""
     ident = row_identity(row)
     name, tid = ident["gym"], str(ident["task_id"])
-    inline = _inline_task(name, row)
+    inline = inline_task(name, row)
     if inline is not None:
         return name, tid, inline
     task = (tasks.get(name) or {}).get(tid)
