@@ -18,8 +18,8 @@ kept (counted in ``metrics``' ``explore``). ``explore_share`` and ``seed`` come 
 ``params.agent_traces`` when it has them, else from the keyword defaults.
 
 Rows may be UserRL's as published: ``gym``/``task_id`` are derived from ``data_source`` and
-``create_kwargs`` where the file lacks them, ``split`` from ``extra_info.split`` or else the file's
-split (:func:`~mimesis_lab.envs.gyms.registry.normalise_row`). Nothing is lost: a row that names
+``create_kwargs`` where the file lacks them (:func:`~mimesis_lab.envs.gyms.registry.normalise_row`),
+the split is the file's, and the traces carry our ``data_source`` (``interact_<gym>``). Nothing is lost: a row that names
 no gym or task (``unknown_data_source:``, ``no_task_id:``, ``bad_split:``), whose gym has no
 expert, whose oracle trace earned no reward, or whose episode raised is quarantined with its
 reason (``no_oracle:``, ``unrewarded:``, ``error:``; a task missing from the gym's task file is an
@@ -88,7 +88,7 @@ def trace_row(row: dict[str, Any], tasks: dict[str, dict[str, Any]], show_reward
         return None, f"error: {gym} task {tid!r}: {type(e).__name__}: {e}"
     if tr is None:
         return None, f"unrewarded: the {gym} {kind} trace for task {tid!r} earned no reward"
-    return {"data_source": row["data_source"], "gym": gym, "task_id": tid, "split": row["split"], "kind": kind,
+    return {"data_source": f"interact_{gym}", "gym": gym, "task_id": tid, "split": row["split"], "kind": kind,
             "seed": 0 if explore is None else int(explore),
             "messages": [{"role": m["role"], "content": m["content"]} for m in tr["messages"]],
             "turn_rewards": [float(x) for x in tr["rewards"]], "total_reward": float(tr["total_reward"]),
@@ -184,7 +184,7 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
         kept: list[tuple[dict[str, Any], dict[str, Any]]] = []
         for i, row in enumerate(rows, 1):
             try:
-                row = normalise_row(row, default_split=split)
+                row = {**normalise_row(row), "split": split}   # the file's split wins
             except RowError as e:
                 quarantine.add(str(path), i, str(e), json.dumps({k: row.get(k) for k in ("data_source", "gym",
                                                                                          "task_id", "split")}))

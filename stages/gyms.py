@@ -51,7 +51,7 @@ import polars as pl
 
 from mimesis_lab.config import GymsParams, Params
 from mimesis_lab.envs.gyms import registry
-from mimesis_lab.envs.gyms.base import GYMS, create_kwargs
+from mimesis_lab.envs.gyms.base import GYMS, create_kwargs, gym_name
 from mimesis_lab.io import InputFileError, Quarantine, expand_glob, read_bytes, read_parquet
 from stages.common import StageError, StageResult, main, quarantine_path
 
@@ -482,10 +482,7 @@ def import_userrl_rows(cfg: GymsParams, quarantine: Quarantine) -> StageResult:
         per_file[src] = frame.height
         for i, row in enumerate(frame.iter_rows(named=True), 1):
             rows_in += 1
-            try:
-                gym = registry.row_identity(row)["gym"] if isinstance(row.get("data_source"), str) else None
-            except registry.RowError:
-                gym = None
+            gym = gym_name(row.get("data_source"))
             try:
                 rec, split = _import_row(row, files)
                 key = (rec["gym"], rec["task_id"])

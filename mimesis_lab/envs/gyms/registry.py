@@ -41,7 +41,8 @@ class TaskLookupError(KeyError):
 
 class RowError(ValueError):
     """A row that names no gym or no task; ``reason`` is the kind (``unknown_data_source``, ``no_task_id``,
-    ``bad_split``), the message says which field."""
+    ``bad_split``, ``gym_mismatch``, ``malformed task`` for an inline task without its id field), the
+    message says which field."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
@@ -72,7 +73,10 @@ def row_identity(row: dict[str, Any]) -> dict[str, str | None]:
         ck = create_kwargs(row)
         tid = ck.get("id") or (row.get("reward_model") or {}).get("id")
         if tid in (None, ""):
-            inline = inline_task(name, row)
+            try:
+                inline = inline_task(name, row)
+            except ValueError as e:
+                raise RowError("malformed task", f"inline {name} task in create_kwargs: {e}") from None
             tid = inline.get("id") if inline else None
     if tid in (None, ""):
         raise RowError("no_task_id", f"{ds} row names no task: no create_kwargs id, reward_model id or inline task")
