@@ -190,7 +190,7 @@ def _agent_eval_task(params_path: str) -> dict[str, Any]:
     from mimesis_lab.evals.agent_eval import run_agent_eval
 
     params = load_params(params_path)
-    return run_agent_eval(params.agent_eval, task_files=params.gyms.tasks)
+    return run_agent_eval(params.agent_eval, task_files=params.gyms.tasks, task_options=params.gyms.task_options)
 
 
 @flow(name="agent_eval", log_prints=True)

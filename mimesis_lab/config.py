@@ -155,6 +155,13 @@ class GymsParams(Section):
         "tasks, and at least one task stays in train.")
     seed: int = Field(1234, description="Seed of the per-gym shuffle of task ids that picks the val tasks.")
     output_dir: str = Field("data/gyms", description="Writes <output_dir>/{train,val,test}.parquet.")
+    userrl_rows: str | None = Field(
+        None, description="UserRL's published gym rows to import instead of building rows from the task files: "
+        "a folder (its *.parquet files, recursively) or a glob of parquet files. Their data_source names "
+        "(interact_turtlegym…) are accepted, inline tasks (turtle, telepathy, persuade) read from create_kwargs, "
+        "the others looked up in gyms.tasks.<gym>; UserRL's split is kept (held-out gyms: test; a training gym "
+        "without val rows gets val_fraction of its train rows); every rejected row is quarantined with its "
+        "reason. null = build the rows from gyms.tasks.")
     tau_db: str | None = Field(
         None, description="TauGym's retail database: tau-bench's data folder (users.json, orders.json, products.json; "
         "UserRL's real tau tasks act on it) or a db.json; null = the db.json beside the tau task file (the "

@@ -418,6 +418,10 @@ def gyms_spec(params: Params, split: str) -> Spec:
     held_out = list(g.held_out_gyms)
     allowed = list(g.train_gyms) if split in ("train", "val") else held_out
     where = "training gyms (gyms.train_gyms)" if split in ("train", "val") else f"held-out gyms {held_out}"
+    may_hold = list(allowed)
+    if split == "test" and g.userrl_rows:   # UserRL's own test rows of the training gyms stay in test
+        may_hold += list(g.train_gyms)
+        where += " and UserRL's test rows of the training gyms"
     extra_info_shown = {"extra_info": pl.col("extra_info").str.slice(0, 120)}
     checks = (
         in_set("data_source", GYM_SOURCES, "one of the eight interact_<gym> sources"),
@@ -440,7 +444,7 @@ def gyms_spec(params: Params, split: str) -> Spec:
             Derived("task_key", _task_key(), None, "data_source:task_id"),
             Derived("gym_matches_source", (pl.col("data_source") == pl.lit("interact_") + pl.col("gym")),
                     doc="data_source == interact_<gym>", show={"gym": pl.col("gym")}),
-            Derived("gym_allowed_in_split", pl.col("gym").is_in(allowed),
+            Derived("gym_allowed_in_split", pl.col("gym").is_in(may_hold),
                     doc=f"{split} holds only {where}" + ("; no held-out gym" if split != "test" else ""),
                     show={"gym": pl.col("gym")}),
             Derived("prompt_nonempty", pl.col("prompt").list.len() > 0, doc="the prompt has >= 1 message"),

@@ -17,8 +17,13 @@ They are drawn per split from the rows with an oracle trace (seeded shuffle, ``s
 kept (counted in ``metrics``' ``explore``). ``explore_share`` and ``seed`` come from
 ``params.agent_traces`` when it has them, else from the keyword defaults.
 
-Nothing is lost: a row whose gym has no expert, whose oracle trace earned no reward, or whose
-episode raised is quarantined with its reason (``no_oracle:``, ``unrewarded:``, ``error:``), and
+Rows may be UserRL's as published: ``gym``/``task_id`` are derived from ``data_source`` and
+``create_kwargs`` where the file lacks them (:func:`~mimesis_lab.envs.gyms.registry.normalise_row`),
+the split is the file's, and the traces carry our ``data_source`` (``interact_<gym>``). Nothing is lost: a row that names
+no gym or task (``unknown_data_source:``, ``no_task_id:``, ``bad_split:``), whose gym has no
+expert, whose oracle trace earned no reward, or whose episode raised is quarantined with its
+reason (``no_oracle:``, ``unrewarded:``, ``error:``; a task missing from the gym's task file is an
+``error:`` naming the id and the file), and
 ``rows_in == rows_out + rows_quarantined`` (``rows_out`` counts the input rows with an oracle
 trace; the outputs also hold the exploratory traces).
 
@@ -42,7 +47,7 @@ import polars as pl
 from mimesis_lab import expectations as X
 from mimesis_lab.config import Params
 from mimesis_lab.envs.gyms import experts
-from mimesis_lab.envs.gyms.registry import load_tasks
+from mimesis_lab.envs.gyms.registry import RowError, load_tasks, normalise_row
 from mimesis_lab.io import InputFileError, Quarantine, read_parquet
 from stages.common import StageError, StageResult, main
 
@@ -83,7 +88,7 @@ def trace_row(row: dict[str, Any], tasks: dict[str, dict[str, Any]], show_reward
         return None, f"error: {gym} task {tid!r}: {type(e).__name__}: {e}"
     if tr is None:
         return None, f"unrewarded: the {gym} {kind} trace for task {tid!r} earned no reward"
-    return {"data_source": row["data_source"], "gym": gym, "task_id": tid, "split": row["split"], "kind": kind,
+    return {"data_source": f"interact_{gym}", "gym": gym, "task_id": tid, "split": row["split"], "kind": kind,
             "seed": 0 if explore is None else int(explore),
             "messages": [{"role": m["role"], "content": m["content"]} for m in tr["messages"]],
             "turn_rewards": [float(x) for x in tr["rewards"]], "total_reward": float(tr["total_reward"]),
@@ -178,9 +183,16 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
         rows_in += len(rows)
         kept: list[tuple[dict[str, Any], dict[str, Any]]] = []
         for i, row in enumerate(rows, 1):
+            try:
+                row = {**normalise_row(row), "split": split}   # the file's split wins
+            except RowError as e:
+                quarantine.add(str(path), i, str(e), json.dumps({k: row.get(k) for k in ("data_source", "gym",
+                                                                                         "task_id", "split")}))
+                per_gym.setdefault("unknown", Counter())[f"quarantined_{e.reason}"] += 1
+                continue
             gym = str(row.get("gym"))
             if gym not in tasks_cache and gym in experts.ORACLE_GYMS:
-                tasks_cache[gym] = load_tasks(gym, params.gyms.tasks.get(gym))
+                tasks_cache[gym] = load_tasks(gym, params.gyms.tasks.get(gym), **params.gyms.task_options(gym))
             rec, reason = trace_row(row, tasks_cache, cfg.show_reward, cfg.max_steps)
             c = per_gym.setdefault(gym, Counter())
             if rec is None:
@@ -197,7 +209,9 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
         out[split] = [rec for _, rec in kept] + extra_rows
     frames = {s: pl.DataFrame(out[s], schema=SCHEMA) for s in SPLITS}
     if not (frames["train"].get_column("kind") == "oracle").any():
-        raise StageError(f"no successful oracle trace in {inputs[0]}: nothing to fine-tune the agent on")
+        reasons = Counter(r.split(":")[0] for r in quarantine.reason)
+        raise StageError(f"no successful oracle trace in {inputs[0]}: nothing to fine-tune the agent on "
+                         f"({rows_in} row(s) read; quarantined by reason: {dict(sorted(reasons.items()))})")
     validation = check(params, frames)
     outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
     total = sum(f.height for f in frames.values())

@@ -14,6 +14,27 @@ one left in train); rows of every other (held-out) gym all go to ``test``. Write
 ``<output_dir>/{train,val,test}.parquet`` with ``data_source, gym, task_id, split, prompt,
 ability, reward_model, extra_info`` (the last two as JSON strings: their keys differ per gym).
 ``extra_info.split`` is the row's split and ``extra_info.index`` its position in its file.
+
+**UserRL's own rows** (``gyms.userrl_rows``: a folder of ``*.parquet`` files, searched
+recursively, or a glob; null = build the rows from the task files as above) replace the built
+rows: every row of every file is imported as published (:func:`import_userrl_rows`) or
+quarantined with its reason — ``unknown_data_source``/``no_task_id``/``bad_split`` (the row names
+no gym, task or split), ``prompt`` (not a non-empty list of ``{role, content}`` strings),
+``task_file`` (the gym's task file cannot be read), ``task_missing`` (the id is not in the gym's
+task file, ``gyms.tasks.<gym>``), ``malformed task`` (the task, inline or in the file, misses a field
+or cannot be played: the gym loader's reason), ``ground_truth`` (a FunctionGym row whose ground truth
+is not its task's expected result), ``gym`` (the episode cannot be built), ``duplicate`` (a
+``(gym, task id)`` already imported). Inline tasks (turtle, telepathy, persuade) are read from
+``create_kwargs``; the others from the gym's task file. Imported rows get our ``data_source``
+(``interact_<gym>``; UserRL's name is kept in ``extra_info.userrl_data_source``) and
+``create_kwargs.id`` = ``task_id``. UserRL's split is kept (``extra_info.split``), except that a
+held-out gym's rows all go to ``test`` (counted as ``moved_to_test``); a training gym's rows without
+a split, or a training gym with no ``val`` row, get ``train``/``val`` from the seeded shuffle above.
+``metrics/gyms.json`` has ``rows_in``/``rows_out``/``rows_quarantined`` in total and per gym
+(``per_gym``), with the quarantine reasons per gym.
+
+The quarantine (``data/quarantine/gyms.parquet``) is written even when the stage then fails
+(e.g. a training gym with fewer than two usable tasks), so the reasons are not lost.
 """
 from __future__ import annotations
 
@@ -30,9 +51,9 @@ import polars as pl
 
 from mimesis_lab.config import GymsParams, Params
 from mimesis_lab.envs.gyms import registry
-from mimesis_lab.envs.gyms.base import create_kwargs
-from mimesis_lab.io import InputFileError, Quarantine, read_bytes
-from stages.common import StageError, StageResult, main
+from mimesis_lab.envs.gyms.base import GYMS, create_kwargs, gym_name
+from mimesis_lab.io import InputFileError, Quarantine, expand_glob, read_bytes, read_parquet
+from stages.common import StageError, StageResult, main, quarantine_path
 
 STAGE = "gyms"
 SPLITS = ("train", "val", "test")
@@ -103,7 +124,8 @@ def read_entries(file: Path) -> tuple[str, list[Entry]]:
     return layout, entries
 
 
-def _load_one(gym: str, file: Path, layout: str, entry: Entry, tmp: Path) -> tuple[str, dict[str, Any]]:
+def _load_one(gym: str, file: Path, layout: str, entry: Entry, tmp: Path,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """Load a single record with the gym's own loader (it rejects the whole file on one bad record).
 
     The record is written alone to ``tmp`` (same file name, same layout); paths the loader derives
@@ -116,7 +138,7 @@ def _load_one(gym: str, file: Path, layout: str, entry: Entry, tmp: Path) -> tup
     path = tmp / file.name
     path.write_text(json.dumps(one, ensure_ascii=False), encoding="utf-8")
     try:
-        got = registry.load_tasks(gym, path)
+        got = registry.load_tasks(gym, path, **(options or {}))
     except Exception as e:  # noqa: BLE001 - any loader failure is this record's fault
         msg = str(e).replace(str(path), display(file)).splitlines()[0] if str(e) else ""
         raise TaskError(f"malformed task: {gym} task {entry.task_id!r}: {type(e).__name__}: {msg}") from None
@@ -129,7 +151,8 @@ def _load_one(gym: str, file: Path, layout: str, entry: Entry, tmp: Path) -> tup
     return tid, task
 
 
-def load_gym(gym: str, path: str | None, quarantine: Quarantine) -> tuple[Path, int, list[tuple[Entry, str, dict]]]:
+def load_gym(gym: str, path: str | None, quarantine: Quarantine,
+             options: dict[str, Any] | None = None) -> tuple[Path, int, list[tuple[Entry, str, dict]]]:
     """Read ``gym``'s task file: (file, records read, [(entry, task id, task)] of the loadable records).
 
     The gym's loader runs on the whole file; if it rejects the file (one malformed record) or
@@ -140,7 +163,7 @@ def load_gym(gym: str, path: str | None, quarantine: Quarantine) -> tuple[Path, 
     src = display(file)
     ids = [e.task_id for e in entries]
     try:
-        tasks = registry.load_tasks(gym, path)
+        tasks = registry.load_tasks(gym, path, **(options or {}))
     except Exception:  # noqa: BLE001 - a malformed record: isolate it below
         tasks = None
     if tasks is not None and None not in ids and list(tasks) == ids:
@@ -150,7 +173,7 @@ def load_gym(gym: str, path: str | None, quarantine: Quarantine) -> tuple[Path, 
     with tempfile.TemporaryDirectory(prefix=".gyms-") as d:
         for e in entries:
             try:
-                tid, task = _load_one(gym, file, layout, e, Path(d))
+                tid, task = _load_one(gym, file, layout, e, Path(d), options)
                 if tid in first:
                     raise TaskError(f"duplicate: {gym} task {tid!r}: the id is already used by entry {first[tid]}")
             except TaskError as err:
@@ -216,8 +239,30 @@ def leaked_task_keys(frames: dict[str, pl.DataFrame]) -> list[str]:
     return sorted(k for k, s in seen.items() if len(s) > 1)
 
 
+def save_quarantine(quarantine: Quarantine) -> Path:
+    """Write the stage's quarantine file now (before a failure stops the stage)."""
+    path = quarantine_path(STAGE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    quarantine.to_frame().sort("source_file", "row", maintain_order=True).write_parquet(path)
+    return path
+
+
 def run_gyms(cfg: GymsParams) -> StageResult:
+    """The stage (module docstring): UserRL rows imported from ``cfg.userrl_rows``, or built from the task
+    files. A failure after rows were quarantined writes the quarantine first."""
     quarantine = Quarantine()
+    try:
+        if cfg.userrl_rows:
+            return import_userrl_rows(cfg, quarantine)
+        return build_from_tasks(cfg, quarantine)
+    except (StageError, InputFileError) as e:
+        if len(quarantine):
+            where = save_quarantine(quarantine)
+            raise type(e)(f"{e} (the {len(quarantine)} quarantined row(s) and their reasons are in {where})") from None
+        raise
+
+
+def build_from_tasks(cfg: GymsParams, quarantine: Quarantine) -> StageResult:
     held_out = cfg.held_out_gyms
     rows: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     per_gym: dict[str, dict[str, int]] = {}
@@ -226,7 +271,7 @@ def run_gyms(cfg: GymsParams) -> StageResult:
     rows_in = 0
     for gym in registry.ALL_GYMS:
         q0 = len(quarantine)
-        file, n, loaded = load_gym(gym, cfg.tasks.get(gym), quarantine)
+        file, n, loaded = load_gym(gym, cfg.tasks.get(gym), quarantine, cfg.task_options(gym))
         rows_in += n
         inputs.append(file)
         files[gym] = display(file)
@@ -246,6 +291,23 @@ def run_gyms(cfg: GymsParams) -> StageResult:
         for tid, row in built:
             split = split_of[tid]
             rows[split].append({"gym": gym, "task_id": tid, "row": row})
+    frames = split_frames(rows, held_out)
+    outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
+    extra = {
+        "sizes": {s: frames[s].height for s in SPLITS},
+        "per_gym": per_gym,
+        "train_gyms": list(cfg.train_gyms),
+        "held_out_gyms": list(held_out),
+        "task_files": files,
+        "leaked_task_keys": 0,
+    }
+    return StageResult(outputs=outputs, rows_in=rows_in, rows_out=sum(f.height for f in frames.values()),
+                       quarantine=quarantine, inputs=inputs, extra=extra)
+
+
+def split_frames(rows: dict[str, list[dict[str, Any]]], held_out: list[str] | tuple[str, ...]
+                 ) -> dict[str, pl.DataFrame]:
+    """The output frames of ``rows`` (split → ``[{gym, task_id, row}]``), checked for leaks and held-out rows."""
     frames: dict[str, pl.DataFrame] = {}
     for split in SPLITS:
         records = []
@@ -266,17 +328,219 @@ def run_gyms(cfg: GymsParams) -> StageResult:
     wrong = frames["train"].vstack(frames["val"]).filter(pl.col("gym").is_in(list(held_out)))
     if wrong.height:
         raise StageError(f"held-out gym rows in train/val: {wrong.get_column('gym').unique().to_list()}")
+    return frames
+
+
+# ------------------------------------------------------------------------------ UserRL rows as published
+def userrl_files(spec: str) -> list[Path]:
+    """The parquet files ``gyms.userrl_rows`` names: a folder (its ``*.parquet``, recursively) or a glob."""
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(p.rglob("*.parquet"))
+        if not files:
+            raise InputFileError(f"{spec}: gyms.userrl_rows names a folder without *.parquet files")
+        return files
+    return expand_glob(spec)
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    """``reward_model``/``extra_info`` as objects (they may be JSON strings, e.g. in our own files)."""
+    out = dict(row)
+    for k in ("reward_model", "extra_info"):
+        v = out.get(k)
+        if isinstance(v, str):
+            try:
+                out[k] = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise registry.RowError("malformed_row", f"field {k} is not JSON: {e}") from None
+        if out.get(k) is None:
+            out[k] = {}
+        if not isinstance(out[k], dict):
+            raise registry.RowError("malformed_row", f"field {k} is not an object")
+    return out
+
+
+def _check_prompt(prompt: Any) -> list[dict[str, str]]:
+    if not isinstance(prompt, list) or not prompt or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt):
+        raise TaskError("prompt: not a non-empty list of {role, content} strings")
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+def _check_ground_truth(gym: str, row: dict[str, Any], task: dict[str, Any]) -> None:
+    """A FunctionGym row whose ground truth is not its task's expected result rewards another answer."""
+    if gym != "function":
+        return
+    gt = (row.get("reward_model") or {}).get("ground_truth")
+    try:
+        g, e = float(gt), float(task["expected_result"])
+    except (TypeError, ValueError):
+        raise TaskError(f"ground_truth: function row's ground_truth {gt!r} is not a number") from None
+    if abs(g - e) > 1e-6 * max(1.0, abs(e)):
+        raise TaskError(f"ground_truth: function row's ground_truth {gt!r} differs from task "
+                        f"{task.get('id')!r}'s expected_result {task['expected_result']!r}")
+
+
+class _TaskFiles:
+    """The task files of the gyms, loaded on first use, record by record (bad records remembered)."""
+
+    def __init__(self, cfg: GymsParams):
+        self.cfg = cfg
+        self.tasks: dict[str, dict[str, dict[str, Any]]] = {}
+        self.bad: dict[str, dict[str, str]] = {}     # gym -> task id -> why its record was rejected
+        self.errors: dict[str, str] = {}
+        self.files: dict[str, str] = {}
+        self.paths: list[Path] = []
+
+    def get(self, gym: str) -> dict[str, dict[str, Any]]:
+        if gym in self.errors:
+            raise TaskError(f"task_file: {self.errors[gym]}")
+        if gym not in self.tasks:
+            q = Quarantine()
+            try:
+                file, _, loaded = load_gym(gym, self.cfg.tasks.get(gym), q, self.cfg.task_options(gym))
+            except (InputFileError, StageError) as e:
+                self.errors[gym] = str(e)
+                raise TaskError(f"task_file: {e}") from None
+            self.paths.append(file)
+            self.files[gym] = display(file)
+            self.tasks[gym] = {tid: task for _, tid, task in loaded}
+            self.bad[gym] = {}
+            for raw, reason in zip(q.raw, q.reason):
+                try:
+                    rec = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and len(rec) == 1 and isinstance(next(iter(rec.values())), dict) \
+                        and "id" not in rec:
+                    key, rec = next(iter(rec.items()))
+                    rec = dict(rec, id=rec.get("id", key))
+                if isinstance(rec, dict) and rec.get("id") is not None:
+                    self.bad[gym].setdefault(str(rec["id"]), reason)
+        return self.tasks[gym]
+
+
+def _import_row(row: dict[str, Any], files: _TaskFiles) -> tuple[dict[str, Any], str | None]:
+    """One published row → ``({gym, task_id, row}, UserRL split or None)``; raises :class:`TaskError` /
+    :class:`registry.RowError` with the quarantine reason."""
+    row = _decoded(row)
+    ident = registry.row_identity(row)
+    gym, tid = ident["gym"], str(ident["task_id"])
+    prompt = _check_prompt(row.get("prompt"))
+    try:
+        inline = registry.inline_task(gym, row)
+    except ValueError as e:
+        raise TaskError(f"malformed task: inline {gym} task {tid!r}: {e}") from None
+    if inline is not None:
+        task = inline
+    else:
+        tasks = files.get(gym)
+        task = tasks.get(tid)
+        if task is None:
+            why = files.bad.get(gym, {}).get(tid)
+            if why is not None:
+                raise TaskError(f"malformed task: {gym} task {tid!r} in {files.files[gym]} was rejected: {why}")
+            raise TaskError(f"task_missing: {gym} task id {tid!r} is not in the {gym} task file {files.files[gym]} "
+                            f"(gyms.tasks.{gym})")
+    _check_ground_truth(gym, row, task)
+    ds = f"interact_{gym}"
+    try:
+        GYMS[ds](task, user=None, rng=random.Random(0))
+    except Exception as e:  # noqa: BLE001 - the task does not make a working episode
+        raise TaskError(f"gym: {gym} task {tid!r}: {type(e).__name__}: {e}") from None
+    extra = dict(row.get("extra_info") or {})
+    tk = dict(extra.get("tools_kwargs") or {})
+    iw = dict(tk.get("interact_with_env") or {})
+    iw["create_kwargs"] = {**create_kwargs(row), "id": tid}
+    tk["interact_with_env"] = iw
+    extra["tools_kwargs"] = tk
+    if str(row.get("data_source")) != ds:
+        extra["userrl_data_source"] = str(row.get("data_source"))
+    ability = row.get("ability")
+    out = {"data_source": ds, "prompt": prompt, "ability": ability if isinstance(ability, str) else "interaction",
+           "reward_model": dict(row.get("reward_model") or {}), "extra_info": extra}
+    try:
+        json.dumps([out["reward_model"], out["extra_info"]])
+    except (TypeError, ValueError) as e:
+        raise TaskError(f"malformed_row: not JSON-serialisable: {e}") from None
+    return {"gym": gym, "task_id": tid, "row": out}, ident["split"]
+
+
+def import_userrl_rows(cfg: GymsParams, quarantine: Quarantine) -> StageResult:
+    """The ``gyms`` outputs from UserRL's published rows (module docstring)."""
+    held_out = cfg.held_out_gyms
+    files = _TaskFiles(cfg)
+    paths = userrl_files(str(cfg.userrl_rows))
+    stats: dict[str, Counter] = {g: Counter() for g in registry.ALL_GYMS}
+    reasons: dict[str, Counter] = {g: Counter() for g in registry.ALL_GYMS}
+    by_gym: dict[str, list[tuple[dict[str, Any], str | None]]] = {g: [] for g in registry.ALL_GYMS}
+    seen: dict[tuple[str, str], str] = {}
+    rows_in = 0
+    per_file: dict[str, int] = {}
+    for path in paths:
+        src = display(path)
+        frame = read_parquet(path, "UserRL gym rows")
+        per_file[src] = frame.height
+        for i, row in enumerate(frame.iter_rows(named=True), 1):
+            rows_in += 1
+            gym = gym_name(row.get("data_source"))
+            try:
+                rec, split = _import_row(row, files)
+                key = (rec["gym"], rec["task_id"])
+                if key in seen:
+                    raise TaskError(f"duplicate: {rec['gym']} task {rec['task_id']!r} was already imported from "
+                                    f"{seen[key]}")
+            except (TaskError, registry.RowError) as e:
+                reason = str(e)
+                quarantine.add(src, i, reason, json.dumps(row, ensure_ascii=False, default=str))
+                g = gym or "unknown"
+                stats.setdefault(g, Counter()).update(rows_in=1, rows_quarantined=1)
+                reasons.setdefault(g, Counter())[reason.split(":")[0]] += 1
+                continue
+            seen[key] = f"{src} row {i}"
+            stats[rec["gym"]].update(rows_in=1, rows_out=1)
+            by_gym[rec["gym"]].append((rec, split))
+    rows: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    for gym, items in by_gym.items():
+        if gym in held_out:
+            for rec, split in items:
+                stats[gym]["moved_to_test"] += split not in (None, "test")
+                rows["test"].append(rec)
+                stats[gym]["test"] += 1
+            continue
+        given = Counter(split for _, split in items)
+        pool = [rec["task_id"] for rec, split in items if split is None or (split == "train" and not given["val"])]
+        val: set[str] = set()
+        if len(pool) >= 2:
+            val = assign_val(gym, pool, cfg.val_fraction, cfg.seed)
+        for rec, split in items:
+            if split is None or (split == "train" and not given["val"]):
+                split = "val" if rec["task_id"] in val else "train"
+            rows[split].append(rec)
+            stats[gym][split] += 1
+    if not any(rows.values()):
+        raise StageError(f"0 usable row(s) of {rows_in} in {cfg.userrl_rows}")
+    frames = split_frames(rows, held_out)
+    per_gym = {g: {"rows_in": c["rows_in"], "rows_out": c["rows_out"], "rows_quarantined": c["rows_quarantined"],
+                   **{sp: c[sp] for sp in SPLITS}, "moved_to_test": c["moved_to_test"],
+                   "quarantine_by_reason": dict(sorted(reasons[g].items()))}
+               for g, c in stats.items() if c["rows_in"]}
     outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
     extra = {
+        "source": "userrl_rows",
+        "userrl_rows": str(cfg.userrl_rows),
+        "row_files": per_file,
         "sizes": {s: frames[s].height for s in SPLITS},
         "per_gym": per_gym,
         "train_gyms": list(cfg.train_gyms),
         "held_out_gyms": list(held_out),
-        "task_files": files,
-        "leaked_task_keys": len(leaked),
+        "task_files": files.files,
+        "task_records_rejected": {g: len(b) for g, b in files.bad.items()},
+        "leaked_task_keys": 0,
     }
     return StageResult(outputs=outputs, rows_in=rows_in, rows_out=sum(f.height for f in frames.values()),
-                       quarantine=quarantine, inputs=inputs, extra=extra)
+                       quarantine=quarantine, inputs=[*paths, *files.paths], extra=extra)
 
 
 def build(params: Params) -> StageResult:

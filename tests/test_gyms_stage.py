@@ -123,7 +123,7 @@ def test_bad_tasks_are_quarantined_one_by_one(project):
     assert got[("raw/gyms/travel/tasks.json", 3)] == "build: travel task 'travel-3': KeyError: 'request'"
     assert got[("raw/gyms/turtle/tasks.json", 14)] == ("duplicate: turtle task 'turtle-1': the id is already used "
                                                         "by entry 1")
-    assert got[("raw/gyms/tau/tasks.json", 1)].startswith("gym: tau task 'tau-001': FileNotFoundError")
+    assert got[("raw/gyms/tau/tasks.json", 1)].startswith("gym: tau task 'tau-001': InputFileError") and "missing-db.json" in got[("raw/gyms/tau/tasks.json", 1)]
     assert json.loads(q.filter(pl.col("row") == 2)["raw"][0])["id"] == "travel-2"
     assert m["quarantine_by_reason"] == {"build": 1, "duplicate": 1, "gym": 1, "malformed task": 1}
     assert m["rows_quarantined"] == 4 and m["rows_in"] == 116 and m["rows_in"] == m["rows_out"] + 4

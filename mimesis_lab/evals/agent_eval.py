@@ -4,8 +4,10 @@
 evaluation user of ``cfg.users`` (:mod:`mimesis_lab.evals.eval_users`) on the gyms ``cfg.gyms``.
 
 **Tasks.** Rows of ``cfg.data`` (UserRL rows, :func:`~mimesis_lab.rollout.agent_env.load_gym_rows`)
-whose gym is in ``cfg.gyms``; the first occurrence of a ``(gym, task_id)`` wins; per gym the
+whose gym is in ``cfg.gyms`` — UserRL's rows as published too (``gym``/``task_id`` derived from
+``data_source`` and ``create_kwargs``); the first occurrence of a ``(gym, task_id)`` wins; per gym the
 first ``cfg.tasks_per_gym`` tasks in natural order of ``task_id`` (``travel-2`` < ``travel-10``).
+Every row left out is counted by reason in the summary's ``skipped_rows`` (:func:`select_rows`).
 Each task is attempted ``cfg.pass_k`` times. The gym's own randomness (e.g. IntentionGym's drawn
 wishes) is seeded by ``(gym, task_id, attempt)`` only, so every agent and user faces the same
 episode. Generation: ``cfg.rollout`` (temperature 0 = greedy; with ``pass_k > 1`` at temperature
@@ -104,20 +106,50 @@ def _natural(s: str) -> list[Any]:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", s) if p]
 
 
-def select_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
-    """Gym → its evaluated rows (see the module docstring), for every gym of ``cfg.gyms``."""
+def select_rows(cfg: Any, skipped: dict[str, int] | None = None,
+                tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Gym → its evaluated rows (see the module docstring), for every gym of ``cfg.gyms``.
+
+    Rows may be UserRL's as published (their ``data_source`` names, no ``gym``/``task_id``/``split``:
+    derived by :func:`~mimesis_lab.envs.gyms.registry.row_identity`). Every row not evaluated is counted
+    under its reason in ``skipped`` (when given): ``unknown_data_source``, ``no_task_id``,
+    ``malformed_row`` (the row itself), ``gym_not_evaluated`` (its gym is not in ``cfg.gyms``),
+    ``duplicate_task`` (a later row of the same task), ``over_tasks_per_gym`` (past the first
+    ``cfg.tasks_per_gym`` tasks) and — with ``tasks`` (gym → task id → task) — ``task_missing`` /
+    ``malformed_task`` (its task cannot be resolved)."""
+    from mimesis_lab.envs.gyms.registry import RowError, TaskLookupError, resolve_task
     from mimesis_lab.rollout.agent_env import load_gym_rows
+
+    skips: dict[str, int] = {} if skipped is None else skipped
+
+    def skip(reason: str, n: int = 1) -> None:
+        if n:
+            skips[reason] = skips.get(reason, 0) + n
 
     by_gym: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in cfg.gyms}
     for path in cfg.data:
-        for r in load_gym_rows(path):
-            g = str(r.get("gym") or str(r.get("data_source", "")).removeprefix("interact_"))
-            tid = str(r.get("task_id") or (r.get("reward_model") or {}).get("id"))
-            if g in by_gym:
-                by_gym[g].setdefault(tid, r)
+        for r in load_gym_rows(path, skips):
+            g, tid = str(r["gym"]), str(r["task_id"])
+            if g not in by_gym:
+                skip("gym_not_evaluated")
+                continue
+            if tasks is not None:
+                try:
+                    resolve_task(r, tasks)
+                except TaskLookupError:
+                    skip("task_missing")
+                    continue
+                except (RowError, ValueError):
+                    skip("malformed_task")
+                    continue
+            if tid in by_gym[g]:
+                skip("duplicate_task")
+                continue
+            by_gym[g][tid] = r
     out = {}
     for g, rows in by_gym.items():
         tids = sorted(rows, key=_natural)[: cfg.tasks_per_gym]
+        skip("over_tasks_per_gym", len(rows) - len(tids))
         out[g] = [rows[t] for t in tids]
     return out
 
@@ -355,7 +387,7 @@ def _free() -> None:
 
 def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
                    cache_dir: str | os.PathLike | None = None,
-                   task_files: dict[str, str | None] | None = None) -> dict[str, Any]:
+                   task_files: dict[str, str | None] | None = None, task_options: Any = None) -> dict[str, Any]:
     """Evaluate ``cfg.agents`` × ``cfg.users`` × ``cfg.gyms`` (module docstring) and return the summary.
 
     Writes ``<out_dir>/summary.json`` (the returned dict) and ``<out_dir>/rollouts.jsonl`` (every
@@ -378,8 +410,10 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
     _write_atomic(memo_path, json.dumps(memo, sort_keys=True))
 
     settings = rollout_settings(cfg.rollout)
-    rows = select_rows(cfg)
-    tasks = {g: load_tasks(g, (task_files or {}).get(g)) for g in cfg.gyms}   # gyms.tasks; None = bundled
+    opts = task_options or (lambda g: {})      # gyms.task_options: tau's db, search's corpus
+    tasks = {g: load_tasks(g, (task_files or {}).get(g), **opts(g)) for g in cfg.gyms}   # gyms.tasks; None = bundled
+    skipped_rows: dict[str, int] = {}
+    rows = select_rows(cfg, skipped_rows, tasks)
     notes: list[str] = []
     if cfg.pass_k > 1 and cfg.rollout.temperature == 0:
         msg = (f"pass_k={cfg.pass_k} with temperature 0: greedy attempts are identical, so pass@{cfg.pass_k} "
@@ -395,7 +429,7 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
         for u in users:
             for g in cfg.gyms:
                 for r in rows[g]:
-                    tid = str(r.get("task_id") or (r.get("reward_model") or {}).get("id"))
+                    tid = str(r["task_id"])
                     task_hash = _sha((tasks.get(g) or {}).get(tid))
                     for k in range(cfg.pass_k):
                         key = rollout_key(agents[a]["fingerprint"], users[u]["identity"], g, tid, k, settings,
@@ -453,6 +487,7 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
         "agents": agents, "users": users,
         "settings": {"gyms": list(cfg.gyms), "tasks_per_gym": cfg.tasks_per_gym, "pass_k": cfg.pass_k,
                      "rollout": settings, "tasks": {g: len(rs) for g, rs in rows.items()}},
+        "skipped_rows": dict(sorted(skipped_rows.items())),
         "notes": notes,
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import torch
 
 from mimesis_lab.jobs.agent_grpo import SUMMARY_KEYS as GRPO_SUMMARY_KEYS
+from mimesis_lab.envs.gyms.base import gym_name
 from mimesis_lab.jobs.agent_grpo import agent_inputs, load_training_rows, step_metrics
 from mimesis_lab.judges.coach import CoachInput, check_coach_endpoint, make_coach
 from mimesis_lab.judges.leak import LeakValidator, private_facts
@@ -115,7 +116,7 @@ class CSD:
         for tr in trajs:
             if tr.traj_id not in in_update:
                 continue
-            gym = tr.data_source.removeprefix("interact_")
+            gym = gym_name(tr.data_source) or tr.data_source.removeprefix("interact_")
             c["trajectories"] += 1
             c["turns"] += len(tr.turns)
             if gym in self.cfg.skip_gyms:
@@ -308,7 +309,8 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
     server = shim = run = csd = None
     ok = False
     try:
-        by_gym, tasks = load_training_rows(cfg, params.gyms.tasks)
+        skipped: dict[str, int] = {}
+        by_gym, tasks = load_training_rows(cfg, params.gyms.tasks, skipped, params.gyms.task_options)
         assert_no_dropout(engine.module)   # teacher and student forwards must not differ by dropout noise
         forbidden = [cfg.user.openai.base_url] if cfg.user.kind == "openai" else []
         csd = CSD(cfg, tokenizer, tasks, pad_id, forbidden_urls=forbidden)
@@ -318,7 +320,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
         backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)
         refresh = (lambda: backend.update_weights(policy_state_dict(engine))) if cfg.rollout.backend == "vllm" \
             else None
-        info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "user": cfg.user.kind,
+        info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "skipped_rows": skipped, "user": cfg.user.kind,
                 "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit, "csd_alpha": cfg.csd.alpha,
                 "csd_beta": cfg.csd.beta, "coach": cfg.csd.coach.kind, "coach_style": cfg.csd.coach.style,
                 "placebo": cfg.csd.placebo}

@@ -49,26 +49,36 @@ def agent_inputs(cfg: Any) -> tuple[dict[str, str | None], dict[str, Any]]:
     return inputs, extra
 
 
-def load_training_rows(cfg: Any, task_files: dict[str, str | None]) -> tuple[dict[str, list[dict[str, Any]]],
-                                                                             dict[str, Any]]:
+def load_training_rows(cfg: Any, task_files: dict[str, str | None], skipped_out: dict[str, int] | None = None,
+                       task_options: Any = None
+                       ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """``(rows by gym, tasks by gym)`` of the training gyms with a positive weight; the tasks come from
-    ``gyms.tasks`` (``task_files``; None = the bundled file), as the ``gyms`` stage read them."""
+    ``gyms.tasks`` (``task_files``; None = the bundled file), as the ``gyms`` stage read them. Rows may be
+    UserRL's as published (no ``gym``/``task_id``/``split``: derived). ``skipped_out`` (when given) gets
+    the rows left out per reason (``unknown_data_source``, ``no_task_id``, ``gym_not_trained``…)."""
     from mimesis_lab.envs.gyms.registry import load_tasks
     from mimesis_lab.rollout.agent_env import load_gym_rows
 
     from mimesis_lab.io import ParquetReadError
 
+    skipped: dict[str, int] = {}
     try:
-        all_rows = load_gym_rows(cfg.data)
+        all_rows = load_gym_rows(cfg.data, skipped)
     except ParquetReadError as e:
         raise TrainConfigError(str(e)) from None
     rows = [r for r in all_rows if r["gym"] in cfg.gyms and cfg.gyms[r["gym"]] > 0]
+    other = len(all_rows) - len(rows)
+    if other:
+        skipped["gym_not_trained"] = other
     if not rows:
-        raise TrainConfigError(f"{cfg.data}: no rows of the gyms {sorted(cfg.gyms)}")
+        raise TrainConfigError(f"{cfg.data}: no rows of the gyms {sorted(cfg.gyms)} (left out: {skipped})")
+    if skipped_out is not None:
+        skipped_out.update(skipped)
     by_gym: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_gym.setdefault(r["gym"], []).append(r)
-    return by_gym, {g: load_tasks(g, task_files.get(g)) for g in by_gym}
+    opts = task_options or (lambda g: {})      # gyms.task_options: tau's db, search's corpus
+    return by_gym, {g: load_tasks(g, task_files.get(g), **opts(g)) for g in by_gym}
 
 
 def step_metrics(trajs: list[Any], privileged: dict[str, list[str]], bsum: dict[str, float],
@@ -99,12 +109,13 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
     server = shim = run = None
     ok = False
     try:
-        by_gym, tasks = load_training_rows(cfg, params.gyms.tasks)
+        skipped: dict[str, int] = {}
+        by_gym, tasks = load_training_rows(cfg, params.gyms.tasks, skipped, params.gyms.task_options)
         server, shim, user_model = start_user_side(cfg.user, 4 * cfg.prompts_per_step * cfg.rollouts_per_prompt)
         backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)
         refresh = (lambda: backend.update_weights(policy_state_dict(engine))) if cfg.rollout.backend == "vllm" \
             else None
-        info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "user": cfg.user.kind,
+        info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "skipped_rows": skipped, "user": cfg.user.kind,
                 "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit}
 
         run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW)

@@ -255,10 +255,13 @@ _RULES = {
 def private_facts(gym: str, task: dict[str, Any]) -> list[str]:
     """The episode's private facts (see the module docstring for the rule of each gym).
 
-    ``gym`` is the gym name (``travel``…) or its ``data_source`` (``interact_travel``); ``task``
-    the gym's task record. Ultra-generic facts are dropped; order is kept, duplicates removed.
+    ``gym`` is the gym name (``travel``…) or its ``data_source`` (``interact_travel``, or UserRL's
+    ``interact_travelgym``); ``task`` the gym's task record. Ultra-generic facts are dropped; order is
+    kept, duplicates removed.
     """
-    name = str(gym).removeprefix("interact_")
+    from mimesis_lab.envs.gyms.base import gym_name
+
+    name = gym_name(gym) or str(gym).removeprefix("interact_")
     if name not in _RULES:
         raise ValueError(f"no private-fact rule for gym {gym!r} (known: {sorted(_RULES)})")
     return _clean(*_RULES[name](task))

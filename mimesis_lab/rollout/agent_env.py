@@ -33,16 +33,28 @@ class PrivacyError(RuntimeError):
     """The simulator's private reasoning reached an agent input."""
 
 
-def load_gym_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of the ``gyms`` stage with ``reward_model``/``extra_info`` decoded from their JSON strings."""
+def load_gym_rows(path: str | Path, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Rows of the ``gyms`` stage — or UserRL's rows as published — with ``reward_model``/``extra_info``
+    decoded (JSON strings or structs) and ``gym``/``task_id``/``split`` derived where the file lacks them
+    (:func:`mimesis_lab.envs.gyms.registry.normalise_row`). A row that names no gym or task, or whose
+    JSON fields do not parse, is left out and counted under its reason in ``skipped`` (when given)."""
+    from mimesis_lab.envs.gyms.registry import RowError, normalise_row
     from mimesis_lab.io import read_parquet
 
-    rows = read_parquet(path, "gym rows", hint="run `dvc repro gyms`").to_dicts()
-    for r in rows:
-        for k in ("reward_model", "extra_info"):
-            if isinstance(r.get(k), str):
-                r[k] = json.loads(r[k])
-    return rows
+    out = []
+    for r in read_parquet(path, "gym rows", hint="run `dvc repro gyms`").to_dicts():
+        try:
+            for k in ("reward_model", "extra_info"):
+                if isinstance(r.get(k), str):
+                    try:
+                        r[k] = json.loads(r[k])
+                    except json.JSONDecodeError:
+                        raise RowError("malformed_row", f"field {k} is not JSON") from None
+            out.append(normalise_row(r))
+        except RowError as e:
+            if skipped is not None:
+                skipped[e.reason] = skipped.get(e.reason, 0) + 1
+    return out
 
 
 def start_user_side(user_cfg: Any, max_episodes: int):

@@ -1,10 +1,13 @@
 """Agent gyms (UserRL style, SPEC §3.1, DESIGN §5): one interface, a registry keyed by ``data_source``.
 
-A gym episode is created from one UserRL row: ``data_source = "interact_<gym>"``,
+A gym episode is created from one UserRL row: ``data_source = "interact_<gym>"`` (or UserRL's own
+published name, :data:`USERRL_DATA_SOURCES`, e.g. ``interact_turtlegym``: both select the gym),
 ``prompt`` (system + user messages the agent starts from), ``reward_model`` (``ground_truth``,
 ``env_name``…), ``extra_info.tools_kwargs.interact_with_env.create_kwargs`` (``env_name``, the
 task ``id`` and whatever the gym needs). The task itself (hidden preferences, the hidden rule,
-the entity to guess, the retail database…) is looked up by id in the gym's task file.
+the entity to guess, the retail database…) is looked up by id in the gym's task file — or, for the
+gyms whose UserRL rows carry it inline (turtle, telepathy, persuade), built from ``create_kwargs``
+(:func:`mimesis_lab.envs.gyms.registry.resolve_task`).
 
 The agent acts through one tool, ``interact_with_env(choice, content)`` with ``choice`` in
 ``{action, answer, search}``; the rollout loop turns a call into ``gym.step(choice, content)``
@@ -31,10 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["CHOICES", "StepResult", "UserReply", "UserSide", "UserSideError", "Gym", "GYMS", "register_gym",
+__all__ = ["CHOICES", "USERRL_DATA_SOURCES", "gym_name", "StepResult", "UserReply", "UserSide", "UserSideError", "Gym", "GYMS", "register_gym",
            "make_gym", "create_kwargs", "ScriptedUser"]
 
 CHOICES = ("action", "answer", "search")
+# UserRL's published data_source names that differ from ours (``interact_<gym>``); both are registered
+USERRL_DATA_SOURCES = {"interact_taugym": "tau", "interact_turtlegym": "turtle", "interact_telepathygym": "telepathy",
+                       "interact_travelgym": "travel", "interact_searchgym": "search"}
 
 
 @dataclass(frozen=True)
@@ -94,16 +100,29 @@ def create_kwargs(row: dict[str, Any]) -> dict[str, Any]:
     return dict(tk.get("create_kwargs") or {})
 
 
-def tasks_by_id(path: str | Path, gym: str, required: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def tasks_by_id(path: str | Path, gym: str, required: tuple[str, ...], convert=None) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object; a
-    record that is not an object, has no ``id`` or an empty ``required`` field is an error naming ``path``."""
+    record that is not an object, has no ``id`` or an empty ``required`` field is an error naming ``path``
+    and the missing field. ``convert(record)`` (optional) maps another schema (UserRL's) onto ours first;
+    it raises ``ValueError`` naming the missing field."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if isinstance(data, dict):
-        data = [dict(v, id=v.get("id", k)) for k, v in data.items()]
+        data = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
     tasks: dict[str, dict[str, Any]] = {}
     for rec in data:
-        if not isinstance(rec, dict) or "id" not in rec or not all(rec.get(k) for k in required):
-            raise ValueError(f"{path}: malformed {gym} task {rec!r:.80}")
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: malformed {gym} task (not an object): {rec!r:.80}")
+        if "id" not in rec:
+            raise ValueError(f"{path}: malformed {gym} task: missing field 'id': {rec!r:.80}")
+        if convert is not None:
+            try:
+                rec = convert(rec)
+            except ValueError as e:
+                raise ValueError(f"{path}: malformed {gym} task {str(rec['id'])!r}: {e}") from None
+        missing = [k for k in required if not rec.get(k)]
+        if missing:
+            raise ValueError(f"{path}: malformed {gym} task {str(rec['id'])!r}: missing or empty field "
+                             f"{missing[0]!r}")
         tasks[str(rec["id"])] = rec
     return tasks
 
@@ -198,10 +217,20 @@ GYMS: dict[str, type[Gym]] = {}
 
 
 def register_gym(cls: type[Gym]) -> type[Gym]:
-    if not cls.name or cls.data_source() in GYMS and GYMS[cls.data_source()] is not cls:
+    """Register ``cls`` under ``interact_<name>`` and under UserRL's own data_source name for it (if any)."""
+    names = [cls.data_source(), *(ds for ds, g in USERRL_DATA_SOURCES.items() if g == cls.name)]
+    if not cls.name or any(ds in GYMS and GYMS[ds] is not cls for ds in names):
         raise ValueError(f"gym {cls.__name__}: missing or duplicate name {cls.name!r}")
-    GYMS[cls.data_source()] = cls
+    for ds in names:
+        GYMS[ds] = cls
     return cls
+
+
+def gym_name(data_source: Any) -> str | None:
+    """The gym name (``turtle``…) of a row's ``data_source`` — ours (``interact_turtle``) or UserRL's
+    (``interact_turtlegym``) — or ``None`` when no gym is registered for it."""
+    cls = GYMS.get(str(data_source))
+    return cls.name if cls is not None else None
 
 
 def make_gym(data_source: str, task: dict[str, Any], user: UserSide | None = None,

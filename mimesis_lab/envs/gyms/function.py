@@ -21,6 +21,11 @@ has e.g. ``d ** a``) and unary ``±``; they are evaluated by :func:`safe_eval`, 
 
 Unknown choices and malformed content are feedback (reward 0, not done); each call counts as a
 step and the episode ends after ``max_steps`` steps.
+
+**A task must be playable and reward only the right answer** (:func:`check_task`, run by
+:func:`load_tasks`): ``test_case`` is a list of four integers (not booleans, strings or floats),
+``expected_result`` a finite number, and the rule evaluated on the test case gives the expected
+result (within the answer tolerance). A record that fails is an error naming the field.
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ from typing import Any
 
 from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
 
-__all__ = ["TASKS_PATH", "FunctionGym", "RuleError", "safe_eval", "load_tasks", "build_rows", "format_number"]
+__all__ = ["TASKS_PATH", "FunctionGym", "RuleError", "safe_eval", "load_tasks", "build_rows", "format_number",
+           "check_task"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "function" / "tasks.json"
 
@@ -169,11 +175,40 @@ def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
             [dict(v, id=v.get("id", k)) for k, v in data.items()]
     tasks: dict[str, dict[str, Any]] = {}
     for rec in data:
-        if not isinstance(rec, dict) or not {"id", "rule", "test_case", "expected_result"} <= set(rec) \
-                or len(rec["test_case"]) != 4:
-            raise ValueError(f"{path}: malformed function task {rec!r:.80}")
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: malformed function task (not an object): {rec!r:.80}")
+        missing = [k for k in ("id", "rule", "test_case", "expected_result") if k not in rec]
+        if missing:
+            raise ValueError(f"{path}: malformed function task {rec.get('id')!r}: missing field {missing[0]!r}")
+        try:
+            check_task(rec)
+        except ValueError as e:
+            raise ValueError(f"{path}: malformed function task {str(rec['id'])!r}: {e}") from None
         tasks[str(rec["id"])] = rec
     return tasks
+
+
+def check_task(rec: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the field when a task cannot be played or would reward a wrong answer
+    (module docstring)."""
+    case = rec.get("test_case")
+    if not isinstance(case, list) or len(case) != 4:
+        raise ValueError(f"field 'test_case' must be a list of four integers, got {case!r:.60}")
+    bad = [v for v in case if isinstance(v, bool) or not isinstance(v, int)]
+    if bad:
+        raise ValueError(f"field 'test_case' must hold integers, got {type(bad[0]).__name__} {bad[0]!r:.30}")
+    exp = rec.get("expected_result")
+    if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+        raise ValueError(f"field 'expected_result' must be a number, got {type(exp).__name__} {exp!r:.30}")
+    if not math.isfinite(exp):
+        raise ValueError(f"field 'expected_result' is not finite ({exp!r})")
+    try:
+        got = safe_eval(rec.get("rule"), case)
+    except RuleError as e:
+        raise ValueError(f"field 'rule' {rec.get('rule')!r:.80} cannot be evaluated on the test case: {e}") from None
+    if abs(got - float(exp)) > REL_TOL * max(1.0, abs(float(exp))):
+        raise ValueError(f"field 'expected_result' {exp!r} does not follow from the rule {rec['rule']!r} on the test "
+                         f"case {case} (which gives {format_number(got)})")
 
 
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:

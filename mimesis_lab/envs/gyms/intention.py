@@ -1,7 +1,9 @@
 """IntentionGym: uncover the missing details of a vague task (SPEC §3.1, DESIGN §5).
 
 Task format = UserRL's ``all_intentions_test.json``: ``{id, category, task, missing_details:
-[{description, importance: "1"|"2"|"3", inquiry, options: [str]}]}``. For each episode one option
+[{description, importance: "1"|"2"|"3", inquiry, options: [str]}]}``. A task that cannot be played
+is an error naming the field: null, empty or non-string ``options`` (no wish to draw), a detail
+without a ``description``, an importance other than 1/2/3. For each episode one option
 per detail is drawn from the gym's ``rng`` (in order of the details) — the user's actual wish;
 the user side (the simulator) holds these in its system prompt.
 
@@ -99,14 +101,31 @@ def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
     items = list(raw.values()) if isinstance(raw, dict) else raw
     out: dict[str, dict] = {}
     for t in items:
+        if not isinstance(t, dict):
+            raise ValueError(f"{path}: intention task is not an object: {t!r:.80}")
         for k in ("id", "task", "missing_details"):
             if k not in t:
-                raise ValueError(f"{path}: intention task without {k!r}")
+                raise ValueError(f"{path}: intention task {t.get('id')!r} without field {k!r}")
+        if not isinstance(t["task"], str) or not t["task"].strip():
+            raise ValueError(f"{path}: task {t['id']}: field 'task' must be a non-empty string")
+        if not isinstance(t["missing_details"], list):
+            raise ValueError(f"{path}: task {t['id']}: field 'missing_details' must be a list")
         details = []
-        for d in t["missing_details"]:
-            d = dict(d, importance=str(d.get("importance", "2")).strip(), options=list(d.get("options") or []))
+        for i, d in enumerate(t["missing_details"]):
+            where = f"{path}: task {t['id']}: missing_details[{i}]"
+            if not isinstance(d, dict):
+                raise ValueError(f"{where} is not an object")
+            if not isinstance(d.get("description"), str) or not d["description"].strip():
+                raise ValueError(f"{where}: field 'description' must be a non-empty string")
+            opts = d.get("options", [])
+            if opts is None or not isinstance(opts, list) or \
+                    not all(isinstance(o, str) and o.strip() for o in opts):
+                raise ValueError(f"{where}: field 'options' must be a list of non-empty strings, got {opts!r:.60}")
+            if not opts:
+                raise ValueError(f"{where}: field 'options' is empty (the user has no wish to draw)")
+            d = dict(d, importance=str(d.get("importance", "2")).strip(), options=list(opts))
             if d["importance"] not in IMPORTANCE_WEIGHTS:
-                raise ValueError(f"{path}: task {t['id']}: importance must be 1, 2 or 3, got {d['importance']!r}")
+                raise ValueError(f"{where}: importance must be 1, 2 or 3, got {d['importance']!r}")
             details.append(d)
         if not details:
             raise ValueError(f"{path}: task {t['id']} has no missing details")

@@ -16,6 +16,14 @@ Reward per ``action`` turn: ``d * (stance_now − stance_before) / 6`` with ``d 
 ``agree`` and ``−1`` for ``disagree``: positive for moves toward the target, negative for moves
 away. The episode total is therefore ``d * (final − initial) / 6``. Done after ``max_steps``
 steps or when the stance reaches the target end of the scale (7 for agree, 1 for disagree).
+
+**UserRL's rows** carry the task inline (``create_kwargs``: ``id``, ``claim``, ``argument`` = the
+user's case for the claim; :func:`task_from_kwargs`); records of that shape in a task file are read
+the same way (:func:`from_userrl`). The user holds the claim and the agent opposes it: ``target``
+``disagree``, ``initial_stance`` 6 (:data:`USERRL_INITIAL_STANCE`), the ``reasons`` the argument's
+first sentences (at most five). UserRL's prompt tells the agent to argue with ``answer``, so such a
+task has ``argue_with = "answer"``: ``answer`` (and ``action``) deliver an argument and nothing but
+the turn limit or the target ends the episode.
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from pathlib import Path
 from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
 
 __all__ = ["PersuadeGym", "DEFAULT_TASKS", "load_tasks", "build_rows", "parse_stance", "strip_stance", "STANCE_LABELS",
-           "target_direction"]
+           "target_direction", "from_userrl", "task_from_kwargs", "USERRL_INITIAL_STANCE"]
 
 DEFAULT_TASKS = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "persuade" / "tasks.json"
 STANCE_LABELS = {1: "strongly disagree", 2: "disagree", 3: "somewhat disagree", 4: "neutral",
@@ -54,13 +62,54 @@ def _target_end(task: dict) -> int:
     return 7 if task["target"] == "agree" else 1
 
 
+USERRL_INITIAL_STANCE = 6
+MAX_REASONS = 5
+
+
+def from_userrl(rec: dict) -> dict:
+    """A UserRL persuade record (``id``, ``claim``, ``argument``) in our schema (module docstring);
+    records already in ours (with ``reasons``) pass through. ``ValueError`` names a missing field."""
+    if "reasons" in rec or "argument" not in rec:
+        return rec
+    for k in ("claim", "argument"):
+        if not isinstance(rec.get(k), str) or not rec[k].strip():
+            raise ValueError(f"missing or empty field {k!r}")
+    sents = [x.strip() for x in re.split(r"(?<=[.!?])\s+|\n+", rec["argument"]) if len(x.split()) >= 6]
+    if not sents:
+        raise ValueError("field 'argument' has no sentence of at least six words")
+    return {"id": str(rec.get("id") or rec["claim"].strip()), "claim": rec["claim"].strip(),
+            "initial_stance": USERRL_INITIAL_STANCE, "target": "disagree",
+            "persona": "Someone who holds this claim and has argued for it.", "reasons": sents[:MAX_REASONS],
+            "argue_with": "answer"}
+
+
+def task_from_kwargs(kwargs: dict, reward_model: dict | None = None) -> dict | None:
+    """The task a UserRL persuade row carries inline (``claim``, ``argument``); ``None`` for ours (an id)."""
+    if "claim" not in kwargs and "argument" not in kwargs:
+        return None
+    return from_userrl({**kwargs, "argument": kwargs.get("argument")})
+
+
 def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
-    """Tasks by id: ``{id, claim, initial_stance (1-7), target (agree|disagree), persona, reasons: [str]}``."""
+    """Tasks by id: ``{id, claim, initial_stance (1-7), target (agree|disagree), persona, reasons: [str]}``
+    (or UserRL's ``{id, claim, argument}``, :func:`from_userrl`); a list or an ``{id: record}`` object."""
     out: dict[str, dict] = {}
-    for t in json.loads(Path(path).read_text()):
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
+    for t in data:
+        if not isinstance(t, dict):
+            raise ValueError(f"{path}: persuade task is not an object: {t!r:.80}")
+        try:
+            t = from_userrl(t)
+        except ValueError as e:
+            raise ValueError(f"{path}: persuade task {t.get('id')!r}: {e}") from None
         for k in ("id", "claim", "initial_stance", "target", "reasons"):
             if k not in t:
-                raise ValueError(f"{path}: persuade task without {k!r}: {t}")
+                raise ValueError(f"{path}: persuade task {t.get('id')!r}: missing field {k!r}")
+        if not isinstance(t["reasons"], list) or not t["reasons"] or \
+                not all(isinstance(r, str) and r.strip() for r in t["reasons"]):
+            raise ValueError(f"{path}: task {t['id']}: field 'reasons' must be a non-empty list of non-empty strings")
         if t["target"] not in ("agree", "disagree"):
             raise ValueError(f"{path}: task {t['id']}: target must be agree or disagree")
         if not isinstance(t["initial_stance"], int) or not 1 <= t["initial_stance"] <= 7 \
@@ -131,9 +180,10 @@ class PersuadeGym(Gym):
         self.steps += 1
         ch = choice.strip().strip("[]").lower() if isinstance(choice, str) else ""
         reward, info = 0.0, {}
-        if ch == "action":
+        argue = ("action", "answer") if self.task.get("argue_with") == "answer" else ("action",)
+        if ch in argue:
             if not isinstance(content, str) or not content.strip():
-                obs, info = "Error: `action` needs a non-empty message in `content`.", {"error": "empty_message"}
+                obs, info = f"Error: `{ch}` needs a non-empty message in `content`.", {"error": "empty_message"}
             else:
                 reply = self.ask_user(content.strip())
                 new = parse_stance(reply)

@@ -5,6 +5,13 @@ A task (``data/raw/gyms/telepathy/tasks.json``, a list of records or ``{id: reco
     {"id": "tele-1", "entity": "Eiffel Tower", "category": "landmark",
      "aliases": ["Tour Eiffel", "La Tour Eiffel"], "description": "<optional one-line gloss>"}
 
+UserRL's entity file (``{id, title, target_entity: "<name> - <gloss>", category, description:
+"<the prompt>", goal}``) is read too (:func:`from_userrl`): ``entity`` = ``title``, the name
+before `` - `` in ``target_entity`` an alias (when it differs), the gloss after it the
+``description``, UserRL's ``description`` the row's prompt. A UserRL row carries its entity inline
+(``create_kwargs``: ``title``, ``category``; ``reward_model.ground_truth`` = the target entity;
+:func:`task_from_kwargs`, task id = the title).
+
 **Reward rule**:
 
 * ``action`` (content = a yes/no question): the user side, which holds the entity, answers;
@@ -28,7 +35,8 @@ from typing import Any
 
 from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
-__all__ = ["TASKS_PATH", "TelepathyGym", "load_tasks", "build_rows", "normalise", "is_match"]
+__all__ = ["TASKS_PATH", "TelepathyGym", "load_tasks", "build_rows", "normalise", "is_match", "from_userrl",
+           "task_from_kwargs"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "telepathy" / "tasks.json"
 
@@ -80,16 +88,53 @@ def is_match(guess: str, task: dict[str, Any]) -> bool:
     return bool(g) and any(g == normalise(n) for n in [task["entity"], *task.get("aliases", [])])
 
 
+def _entity(title: Any, target: Any, category: Any, tid: Any) -> dict[str, Any]:
+    if not isinstance(title, str) or not title.strip():
+        raise ValueError("missing or empty field 'title'")
+    if not isinstance(category, str) or not category.strip():
+        raise ValueError("missing or empty field 'category'")
+    title = title.strip()
+    name, _, gloss = str(target or "").partition(" - ")
+    aliases = [name.strip()] if name.strip() and normalise(name) != normalise(title) else []
+    return {"id": str(tid or title), "entity": title, "category": category.strip().replace("_", " "),
+            "aliases": aliases, **({"description": gloss.strip()} if gloss.strip() else {})}
+
+
+def from_userrl(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record of UserRL's entity file (``title``, ``target_entity``, ``category``, ``description`` = the
+    prompt) in our schema; records already in ours (with ``entity``) pass through. ``ValueError`` names
+    a missing field."""
+    if "entity" in rec or not any(k in rec for k in ("title", "target_entity")):
+        return rec
+    if not isinstance(rec.get("target_entity"), str) or not rec["target_entity"].strip():
+        raise ValueError("missing or empty field 'target_entity'")
+    out = _entity(rec.get("title"), rec["target_entity"], rec.get("category"), rec.get("id"))
+    if isinstance(rec.get("description"), str) and rec["description"].strip():
+        out["prompt"] = rec["description"].strip()
+    return out
+
+
+def task_from_kwargs(kwargs: dict[str, Any], reward_model: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The entity a UserRL telepathy row carries inline (``create_kwargs``: ``title``, ``category``; the
+    gloss from ``reward_model.ground_truth``); ``None`` when the row has no ``title`` (ours: an id)."""
+    if "title" not in kwargs:
+        return None
+    return _entity(kwargs.get("title"), (reward_model or {}).get("ground_truth"), kwargs.get("category"),
+                   kwargs.get("id"))
+
+
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
-    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
-    return tasks_by_id(path, "telepathy", ('entity', 'category'))
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object, in our
+    schema or UserRL's (:func:`from_userrl`)."""
+    return tasks_by_id(path, "telepathy", ('entity', 'category'), convert=from_userrl)
 
 
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
     rows = []
     for i, (tid, t) in enumerate(tasks.items()):
-        user = (f"I am thinking of a {t['category']}. Try to guess what it is by asking yes-or-no questions!\n"
-                "Find out which one I have in mind!")
+        user = (t["prompt"] if t.get("prompt") else
+                f"I am thinking of a {t['category']}. Try to guess what it is by asking yes-or-no questions!")
+        user += "\nFind out which one I have in mind!"
         rows.append(TelepathyGym.userrl_row(tid, SYSTEM_PROMPT, user, t["entity"], split, i))
     return rows
 

@@ -5,6 +5,13 @@ A task (``data/raw/gyms/turtle/tasks.json``, a list of records or ``{id: record}
     {"id": "turtle-1", "title": "…", "surface": "<the puzzling story shown to the agent>",
      "solution": "<the hidden full story>", "key_facts": ["<short fact>", …]}
 
+UserRL's own story file (``{id: {new_title, new_surface, new_bottom, evaluation: [{statement,
+score}], judgment…}}``) is read too (:func:`from_userrl`): ``surface``/``solution`` are
+``new_surface``/``new_bottom``, the key facts the ``evaluation`` statements, weighted by their
+``score`` (``key_fact_weights``), or — without an evaluation — the sentences of the bottom story. A
+UserRL row carries its story inline (``create_kwargs``: ``title``, ``surface``, ``bottom``;
+:func:`task_from_kwargs`, task id = the title).
+
 **Reward rule** (a deterministic rule judge stands in for the reference's LLM judge):
 
 * ``action`` (content = a yes/no question): the user side, which holds the solution and answers
@@ -27,7 +34,8 @@ from typing import Any
 
 from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
-__all__ = ["TASKS_PATH", "TurtleGym", "load_tasks", "build_rows", "content_words", "fact_covered", "judge"]
+__all__ = ["TASKS_PATH", "TurtleGym", "load_tasks", "build_rows", "content_words", "fact_covered", "judge",
+           "from_userrl", "task_from_kwargs"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "turtle" / "tasks.json"
 
@@ -79,17 +87,67 @@ def fact_covered(fact: str, explanation: str | set[str]) -> bool:
     return bool(fw) and len(fw & ew) / len(fw) >= COVER_THRESHOLD
 
 
-def judge(key_facts: list[str], explanation: str) -> float:
-    """Fraction of ``key_facts`` covered by ``explanation`` (0 when there are no key facts)."""
+def judge(key_facts: list[str], explanation: str, weights: list[float] | None = None) -> float:
+    """Share of ``key_facts`` covered by ``explanation`` (weighted by ``weights`` when given; 0 when there
+    are no key facts)."""
     if not key_facts:
         return 0.0
     ew = content_words(explanation)
-    return sum(fact_covered(f, ew) for f in key_facts) / len(key_facts)
+    w = [float(x) for x in weights] if weights and len(weights) == len(key_facts) else [1.0] * len(key_facts)
+    total = sum(w)
+    return sum(wi for f, wi in zip(key_facts, w) if fact_covered(f, ew)) / total if total > 0 else 0.0
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", str(text).strip()) if content_words(s)]
+
+
+def _text(rec: dict[str, Any], key: str) -> str:
+    v = rec.get(key)
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"missing or empty field {key!r}")
+    return v.strip()
+
+
+def from_userrl(rec: dict[str, Any]) -> dict[str, Any]:
+    """A task of UserRL's story file (``new_title``/``new_surface``/``new_bottom``/``evaluation``) in our
+    schema; records already in ours pass through. ``ValueError`` names a missing field."""
+    if not any(k in rec for k in ("new_title", "new_surface", "new_bottom")):
+        return rec
+    surface, bottom = _text(rec, "new_surface"), _text(rec, "new_bottom")
+    facts, weights = [], []
+    for i, e in enumerate(rec.get("evaluation") or []):
+        if not isinstance(e, dict) or not isinstance(e.get("statement"), str) or not e["statement"].strip():
+            raise ValueError(f"evaluation[{i}] has no 'statement'")
+        score = e.get("score", 1.0)
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not score >= 0 or score == float("inf"):
+            raise ValueError(f"evaluation[{i}].score {score!r} is not a finite number >= 0")
+        facts.append(e["statement"].strip())
+        weights.append(float(score))
+    if not facts:
+        facts, weights = _sentences(bottom), []
+    out = {"id": str(rec["id"]), "title": str(rec.get("new_title") or "Untitled"), "surface": surface,
+           "solution": bottom, "key_facts": facts}
+    if weights and sum(weights) > 0:
+        out["key_fact_weights"] = weights
+    return out
+
+
+def task_from_kwargs(kwargs: dict[str, Any], reward_model: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The task a UserRL turtle row carries inline (``create_kwargs``: ``title``, ``surface``, ``bottom``);
+    ``None`` when the row carries none (ours: only an id). ``ValueError`` names a missing field."""
+    if not any(k in kwargs for k in ("surface", "bottom")):
+        return None
+    surface, bottom = _text(kwargs, "surface"), _text(kwargs, "bottom")
+    title = str(kwargs.get("title") or "").strip()
+    return {"id": str(kwargs.get("id") or title or surface[:60]), "title": title or "Untitled", "surface": surface,
+            "solution": bottom, "key_facts": _sentences(bottom)}
 
 
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
-    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object."""
-    return tasks_by_id(path, "turtle", ('surface', 'solution', 'key_facts'))
+    """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object, in our
+    schema or UserRL's (:func:`from_userrl`)."""
+    return tasks_by_id(path, "turtle", ('surface', 'solution', 'key_facts'), convert=from_userrl)
 
 
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
@@ -142,7 +200,7 @@ class TurtleGym(Gym):
         if c == "action":
             reply = self.ask_user(text)   # UserSideError propagates to the rollout loop
             return self._finish(reply, 0.0, False, {})
-        score = judge(self.task["key_facts"], text)
+        score = judge(self.task["key_facts"], text, self.task.get("key_fact_weights"))
         gain = max(0.0, score - self.best)
         self.best = max(self.best, score)
         done = score >= DONE_SCORE

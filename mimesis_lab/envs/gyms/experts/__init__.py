@@ -40,7 +40,7 @@ from mimesis_lab.envs.gyms.experts.telepathy import TelepathyExpert
 from mimesis_lab.envs.gyms.experts.travel import TravelExpert
 from mimesis_lab.envs.gyms.experts.turtle import TurtleExpert
 from mimesis_lab.envs.gyms.offline_user import OfflineUser
-from mimesis_lab.envs.gyms.registry import gym_for_row
+from mimesis_lab.envs.gyms.registry import gym_for_row, row_identity
 
 __all__ = ["EXPERTS", "ORACLE_GYMS", "KINDS", "VAGUE_RATE", "Action", "AgentView", "Expert", "agent_view",
            "expert_trace", "user_turns"]
@@ -80,7 +80,7 @@ def expert_trace(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]
     expert_cls = EXPERTS.get(view.gym)
     if expert_cls is None:
         return None
-    tid = str((row.get("reward_model") or {}).get("id"))
+    tid = str(row_identity(row)["task_id"])
     gym = gym_for_row(row, tasks, user=None, rng=random.Random(0), max_steps=max_steps)
     if user is None:
         seed = zlib.crc32(f"{view.gym}:{tid}:{explore}".encode()) if user_seed is None else user_seed

@@ -38,8 +38,11 @@ class AgentView:
 
 
 def agent_view(row: dict[str, Any]) -> AgentView:
-    """The :class:`AgentView` of a UserRL row: ``data_source`` and ``prompt``, nothing else."""
-    return AgentView(gym=str(row["data_source"]).removeprefix("interact_"),
+    """The :class:`AgentView` of a UserRL row: its gym (by ``data_source``, ours or UserRL's name) and
+    ``prompt``, nothing else."""
+    from mimesis_lab.envs.gyms.base import gym_name
+
+    return AgentView(gym=gym_name(row["data_source"]) or str(row["data_source"]).removeprefix("interact_"),
                      prompt=tuple((str(m["role"]), str(m["content"])) for m in row["prompt"]))
 
 
