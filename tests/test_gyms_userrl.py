@@ -295,3 +295,19 @@ def test_agent_traces_on_published_rows(tmp_path, monkeypatch):
     assert set(train.get_column("split")) == {"train"}
     assert all(r.startswith(("error:", "unrewarded:")) for r in res.quarantine.reason)
     assert any("retail-train-000" in r for r in res.quarantine.reason)   # tau ids absent from the bundled file
+
+
+@need_ref
+def test_real_tau_rows_resolve_on_the_real_task_file_and_retail_db():
+    """UserRL's tau rows (interact_taugym, task id in create_kwargs) find their tasks in UserRL's tau task file
+    read against tau-bench's retail database (gyms.tau_db), and the gym plays them."""
+    import random
+
+    from mimesis_lab.envs.gyms.registry import gym_for_row, load_tasks, resolve_task
+
+    rows = pl.read_parquet(ROWS / "tau_train_sample.parquet").to_dicts()
+    tasks = {"tau": load_tasks("tau", REF / "tau_train_tasks_sample.json", db=REF.parent / "tau-bench-retail")}
+    got = [resolve_task(r, tasks)[:2] for r in rows]
+    assert got == [("tau", f"retail-train-00{i}") for i in range(len(rows))]
+    gym = gym_for_row(rows[0], tasks, None, random.Random(0))
+    assert gym.task["id"] == "retail-train-000"
