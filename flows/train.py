@@ -109,7 +109,9 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     if phase == "sft":  # does the simulator think before it speaks? (validation prompts: greedy, and sampled
         from mimesis_lab.evals.think_format import evaluate_folder   # as simulator RL samples)
 
-        fmt = evaluate_folder(final, cfg.val, params.sim_rl.rollout if params.sim_rl else None, seed=cfg.seed)
+        # greedy on the first 150 prompts (one generate call each); sampled on every prompt (batched)
+        fmt = evaluate_folder(final, cfg.val, params.sim_rl.rollout if params.sim_rl else None, seed=cfg.seed,
+                              max_prompts=150)
         summary.update({f"format_{k}": v for k, v in fmt.items() if k not in ("examples", "sampled")})
         summary["format_examples"] = fmt["examples"]
         summary.update({f"format_sampled_{k}": v for k, v in (fmt.get("sampled") or {}).items()})
