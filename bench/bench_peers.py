@@ -323,7 +323,7 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
 def worker_ours_grpo(spec: dict[str, Any], i: int) -> dict[str, Any]:
     t_start = time.perf_counter()
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
-    from mimesis_lab.train.runtime import _free_port
+    from mimesis_lab.train.launch import free_port as _free_port
 
     os.environ["MASTER_PORT"] = str(_free_port())
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
