@@ -190,7 +190,7 @@ def main() -> None:
                     help="max_len rows per micro-batch (packed, padded; grouped: budget batch x max_len tokens); "
                          "default: midtrain's train_micro_batch_size_per_gpu")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--limit", type=int, default=None, help="use the first N (expanded) conversations")
+    ap.add_argument("--limit", type=int, default=None, help="use a seeded sample of N (expanded) conversations")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="packed,grouped,padded,padded_dynamic",
                     help="comma-separated subset (padded to max_len is by far the slowest pass)")
@@ -204,8 +204,9 @@ def main() -> None:
         ds = json.loads((ROOT / params.midtrain.deepspeed_config).read_text()) if params.midtrain else {}
         args.batch = int(ds.get("train_micro_batch_size_per_gpu", 1))
     convs = load_conversations(args.dataset, Path(args.data) if args.data else None)
-    if args.limit:
-        convs = convs[:args.limit]
+    if args.limit:                       # a seeded sample, not the first sources of the file
+        keep = random.Random(args.seed).sample(range(len(convs)), min(args.limit, len(convs)))
+        convs = [convs[i] for i in sorted(keep)]
     enc = Encoder(convs, params, Path(args.tokenizer) if args.tokenizer else None)
     examples = [render(enc, c) for c in convs]
     lengths = sorted(len(e[0]) for e in examples)
