@@ -1,27 +1,37 @@
-"""Benchmark (not a test): packed vs padded training throughput of the tiny model.
+"""Benchmark (not a test): packed vs length-grouped dynamic padding vs padded rows, training throughput
+of the tiny model.
 
 Tokenises the bundled, processed fixtures (``data/processed/role_swap.parquet`` expanded by
-its ``copies`` column, as mid-training sees it; ``--dataset thoughttrace`` for the SFT set)
-with ``models/tokenizer`` and :func:`mimesis_lab.chat.tokenize_chat` when they exist, else with
-a stand-in built the way the tokenizer stage builds it: a byte-level BPE trained in memory on
-the same text with the ``tokenizer`` section's ``vocab_size``/``min_frequency``, each message
-rendered Qwen-style by hand (``<|im_start|>role\\n content <|im_end|>\\n``), loss mask 1 on
-assistant content.
+its ``copies`` column, as mid-training sees it; ``--dataset thoughttrace`` for the SFT set; ``--data``
+for another parquet) with ``models/tokenizer`` (``--tokenizer``) and
+:func:`mimesis_lab.chat.tokenize_chat` when they exist, else with a stand-in built the way the
+tokenizer stage builds it: a byte-level BPE trained in memory on the same text with the
+``tokenizer`` section's ``vocab_size``/``min_frequency``, each message rendered Qwen-style by hand
+(``<|im_start|>role\\n content <|im_end|>\\n``), loss mask 1 on assistant content.
 
 Then, in one process and the same run, it measures forward + backward (token-mean CE,
-no optimizer step, so every pass costs the same) over all examples, as
+no optimizer step, so every pass costs the same) over all examples, as the SFT job's batching
+modes (``sft_run.batching``) build them:
 
-- ``packed``: :func:`mimesis_lab.packing.pack` rows + 4D block-diagonal mask;
-- ``padded``: one example per row, right-padded to ``max_len`` (2D padding mask);
-- ``padded_dynamic`` (extra, a stronger baseline): one example per row, padded only to the
-  longest row of its micro-batch.
+- ``packed``: :func:`mimesis_lab.packing.pack` rows, ``--batch`` rows of ``max_len`` per micro-batch,
+  4D block-diagonal mask;
+- ``grouped``: length-grouped dynamic padding, what HF/TRL ``group_by_length`` does
+  (:func:`mimesis_lab.train.data.batch_units`: seeded shuffle, mega-batches sorted by length), each
+  micro-batch at most ``--batch x max_len`` padded tokens and padded only to its longest example,
+  2D padding mask (the job's ``mask="padding"``);
+- ``padded``: one example per row, ``--batch`` rows per micro-batch, right-padded to ``max_len``
+  (2D padding mask);
+- ``padded_dynamic`` (extra): ``--batch`` examples per micro-batch in random order, padded to the
+  longest of the micro-batch (dynamic padding without length grouping).
 
-Throughput is counted in **real (non-pad) tokens per second**; passes alternate between
-modes and the best of ``--repeat`` is kept. Prints and writes ``bench/results/packing.json``
-with both rates, the ratio (target >= 2x) and the packing efficiency (target >= 95%).
+Throughput is counted in **real (non-pad) tokens per second**; every mode passes over the same
+examples (each with targets), so the ratios are also those of loss-bearing (target) tokens per second. The modes are interleaved (each repeat runs every mode
+once, in a rotated order) and each mode reports median [min–max] over ``--repeat`` passes; the ratios
+are paired per repeat (same repeat, adjacent passes) and reported the same way. On a shared machine
+the passes are noisy: read the spread. Prints and writes ``bench/results/packing.json``.
 Usage::
 
-    python bench/bench_packing.py [--dataset role_swap] [--max-len 512] [--batch 4] [--repeat 3]
+    python bench/bench_packing.py [--dataset role_swap] [--max-len 2048] [--batch 1] [--repeat 5] [--limit N]
 """
 from __future__ import annotations
 
@@ -37,6 +47,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import random  # noqa: E402
+import statistics  # noqa: E402
+
 import torch  # noqa: E402
 
 from mimesis_lab.config import load_params  # noqa: E402
@@ -50,13 +63,14 @@ from mimesis_lab.packing import (  # noqa: E402
     packing_efficiency,
     pad_rows,
 )
+from mimesis_lab.train.data import batch_units  # noqa: E402
 
 RENDERED_BY_CHAT = False
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
 
-def load_conversations(dataset: str) -> list[list[dict]]:
-    path = ROOT / "data" / "processed" / f"{dataset}.parquet"
+def load_conversations(dataset: str, path: Path | None = None) -> list[list[dict]]:
+    path = path or ROOT / "data" / "processed" / f"{dataset}.parquet"
     try:
         df = read_parquet(path, f"the {dataset} rows", hint=f"run `dvc repro {dataset}` first")
     except ParquetReadError as e:
@@ -71,13 +85,13 @@ def load_conversations(dataset: str) -> list[list[dict]]:
 class Encoder:
     """``encode(text) -> ids`` plus the ids of the chat specials and the vocabulary size."""
 
-    def __init__(self, convs: list[list[dict]], params) -> None:
-        tok_dir = ROOT / params.tokenizer.output_dir
+    def __init__(self, convs: list[list[dict]], params, tok_dir: Path | None = None) -> None:
+        tok_dir = tok_dir or ROOT / params.tokenizer.output_dir
         if (tok_dir / "tokenizer.json").is_file() or (tok_dir / "tokenizer_config.json").is_file():
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
-            self.name = f"{params.tokenizer.output_dir} ({len(tok)} tokens)"
+            self.name = f"{tok_dir} ({len(tok)} tokens)"
             self.tokenizer = tok
             self.encode = lambda s: tok(s, add_special_tokens=False)["input_ids"]
             self.vocab_size = len(tok)
@@ -129,21 +143,17 @@ def render(enc: Encoder, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def batches(rows, batch: int, max_len: int, pad: int, mode: str):
+def batches(rows, groups, max_len: int, pad: int, mode: str):
+    """``[(tensors, real tokens)]``, one per micro-batch; ``groups``: lists of row indices."""
     out = []
-    for i in range(0, len(rows), batch):
-        chunk = rows[i:i + batch]
+    for g in groups:
+        chunk = [rows[i] for i in g]
         real = sum(len(r) for r in chunk)
         if mode == "packed":
             b = collate(chunk, max_len, pad)
         else:
             width = max_len if mode == "padded" else max(len(r) for r in chunk)
-            b = collate(chunk, width, pad, mask="position_ids")
-            # one example per row: a plain 2D padding mask is the standard baseline
-            b["attention_mask"] = torch.zeros_like(b["input_ids"])
-            for j, r in enumerate(chunk):
-                b["attention_mask"][j, :len(r)] = 1
-            b["position_ids"] = torch.arange(width).expand(len(chunk), -1).clone()
+            b = collate(chunk, width, pad, mask="padding")
         out.append((b, real))
     return out
 
@@ -161,44 +171,78 @@ def one_pass(model, prepared) -> tuple[float, int]:
     return time.perf_counter() - start, tokens
 
 
+def spread(values: list[float], nd: int = 3) -> dict:
+    return {"median": round(statistics.median(values), nd), "min": round(min(values), nd),
+            "max": round(max(values), nd)}
+
+
+def fmt(d: dict, unit: str = "", nd: int = 2) -> str:
+    return f"{d['median']:.{nd}f}{unit} [{d['min']:.{nd}f}-{d['max']:.{nd}f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="role_swap", choices=["role_swap", "thoughttrace"])
+    ap.add_argument("--data", default=None, help="a processed parquet to read instead of data/processed/<dataset>")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: tokenizer.output_dir)")
     ap.add_argument("--max-len", type=int, default=None, help="default: midtrain.max_len of params.yaml")
-    ap.add_argument("--batch", type=int, default=4, help="rows per micro-batch (all modes)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="max_len rows per micro-batch (packed, padded; grouped: budget batch x max_len tokens); "
+                         "default: midtrain's train_micro_batch_size_per_gpu")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--limit", type=int, default=None, help="use a seeded sample of N (expanded) conversations")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default="packed,grouped,padded,padded_dynamic",
+                    help="comma-separated subset (padded to max_len is by far the slowest pass)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "packing.json"))
     args = ap.parse_args()
 
     params = load_params(ROOT / "params.yaml")
     if args.max_len is None:
         args.max_len = params.midtrain.max_len if params.midtrain else 512
-    convs = load_conversations(args.dataset)
-    enc = Encoder(convs, params)
+    if args.batch is None:
+        ds = json.loads((ROOT / params.midtrain.deepspeed_config).read_text()) if params.midtrain else {}
+        args.batch = int(ds.get("train_micro_batch_size_per_gpu", 1))
+    convs = load_conversations(args.dataset, Path(args.data) if args.data else None)
+    if args.limit:                       # a seeded sample, not the first sources of the file
+        keep = random.Random(args.seed).sample(range(len(convs)), min(args.limit, len(convs)))
+        convs = [convs[i] for i in sorted(keep)]
+    enc = Encoder(convs, params, Path(args.tokenizer) if args.tokenizer else None)
     examples = [render(enc, c) for c in convs]
     lengths = sorted(len(e[0]) for e in examples)
     kept, fit_stats = fit_examples(examples, args.max_len, "truncate")
 
+    singles = pad_rows(kept, args.max_len)
+    packed = pack(kept, args.max_len, seed=args.seed)
+    grouped, _ = batch_units(singles, "grouped", args.batch, args.max_len, args.seed)
+    shuffled = list(range(len(singles)))
+    random.Random(args.seed).shuffle(shuffled)
+    chunks = [shuffled[i:i + args.batch] for i in range(0, len(shuffled), args.batch)]
     modes = {
-        "packed": pack(kept, args.max_len, seed=0),
-        "padded": pad_rows(kept, args.max_len),
-        "padded_dynamic": pad_rows(kept, args.max_len),
+        "packed": (packed, [list(range(i, min(i + args.batch, len(packed)))) for i in range(0, len(packed), args.batch)]),
+        "grouped": (singles, grouped),
+        "padded": (singles, chunks),
+        "padded_dynamic": (singles, chunks),
     }
-    prepared = {m: batches(rows, args.batch, args.max_len, enc.pad, m) for m, rows in modes.items()}
+    wanted = args.modes.split(",")
+    if unknown := set(wanted) - set(modes):
+        sys.exit(f"unknown mode(s) {sorted(unknown)}; modes: {', '.join(modes)}")
+    prepared = {m: batches(*modes[m], args.max_len, enc.pad, m) for m in wanted}
 
     model = build_tiny_model(params.model, enc.vocab_size, enc.pad, enc.special["<|im_end|>"])
     model.train()
     for m in prepared:  # warm-up (allocator, kernels)
-        one_pass(model, prepared[m][:1])
-    best: dict[str, tuple[float, int]] = {}
-    for _ in range(args.repeat):
-        for m in prepared:
+        one_pass(model, prepared[m][:2])
+    names = list(prepared)
+    rates: dict[str, list[float]] = {m: [] for m in names}
+    for r in range(args.repeat):          # interleaved: every mode once per repeat, rotated order
+        for m in names[r % len(names):] + names[:r % len(names)]:
             secs, toks = one_pass(model, prepared[m])
-            if m not in best or secs < best[m][0]:
-                best[m] = (secs, toks)
+            rates[m].append(toks / secs)
+            print(f"  repeat {r + 1}/{args.repeat} {m:>14}: {toks / secs:9.0f} real tok/s", flush=True)
 
     result: dict = {
-        "dataset": args.dataset,
+        "dataset": args.data or args.dataset,
         "tokenizer": enc.name,
         "rendering": "mimesis_lab.chat.tokenize_chat" if RENDERED_BY_CHAT else "hand-rendered Qwen-style template",
         "model": {"hidden_size": params.model.hidden_size, "layers": params.model.num_hidden_layers,
@@ -206,38 +250,44 @@ def main() -> None:
         "max_len": args.max_len,
         "micro_batch_rows": args.batch,
         "repeat": args.repeat,
+        "interleaved": True,
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "example_tokens": {"n": len(lengths), "min": lengths[0], "median": lengths[len(lengths) // 2],
                            "max": lengths[-1], "mean": round(sum(lengths) / len(lengths), 1)},
         "fit_stats": fit_stats,
     }
-    for m, rows in modes.items():
-        secs, toks = best[m]
+    for m in names:
         width_tokens = sum(b["input_ids"].numel() for b, _ in prepared[m])
-        result[m] = {"rows": len(rows), "real_tokens": toks, "seconds": round(secs, 3),
-                     "real_tokens_per_s": round(toks / secs, 1),
-                     "efficiency": round(toks / width_tokens, 4)}
-    result["packing_efficiency"] = round(packing_efficiency(modes["packed"], args.max_len), 4)
-    result["ratio_packed_vs_padded"] = round(result["packed"]["real_tokens_per_s"]
-                                             / result["padded"]["real_tokens_per_s"], 3)
-    result["ratio_packed_vs_padded_dynamic"] = round(result["packed"]["real_tokens_per_s"]
-                                                     / result["padded_dynamic"]["real_tokens_per_s"], 3)
-    result["targets"] = {"ratio": 2.0, "packing_efficiency": 0.95}
-    result["met"] = {"ratio": result["ratio_packed_vs_padded"] >= 2.0,
-                     "packing_efficiency": result["packing_efficiency"] >= 0.95}
+        real = sum(t for _, t in prepared[m])
+        result[m] = {"micro_batches": len(prepared[m]), "real_tokens": real,
+                     "real_tokens_per_s": spread(rates[m], 1), "efficiency": round(real / width_tokens, 4)}
+    result["packing_efficiency"] = round(packing_efficiency(packed, args.max_len), 4)
+    result["grouped_padding_efficiency"] = round(sum(len(singles[i]) for g in grouped for i in g)
+                                                 / sum(len(g) * max(len(singles[i]) for i in g) for g in grouped), 4)
+    ratios = {}
+    for a, b in (("packed", "grouped"), ("packed", "padded"), ("grouped", "padded"), ("packed", "padded_dynamic"),
+                 ("grouped", "padded_dynamic")):
+        if a not in rates or b not in rates:
+            continue
+        ratios[f"{a}/{b}"] = spread([x / y for x, y in zip(rates[a], rates[b])])
+    result["ratios"] = ratios
+    result["fastest"] = max(names, key=lambda m: statistics.median(rates[m]))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"dataset {args.dataset}: {len(lengths)} examples, tokens/example median {result['example_tokens']['median']}"
-          f" (max {lengths[-1]}), {fit_stats['truncated']} truncated to {args.max_len}; tokenizer: {enc.name}")
-    for m in modes:
+    print(f"dataset {result['dataset']}: {len(lengths)} examples, tokens/example median "
+          f"{result['example_tokens']['median']} (max {lengths[-1]}), {fit_stats['truncated']} truncated to "
+          f"{args.max_len}; tokenizer: {enc.name}; {args.repeat} interleaved repeats, "
+          f"{torch.get_num_threads()} torch threads")
+    for m in names:
         r = result[m]
-        print(f"{m:>15}: {r['rows']:4d} rows  eff {r['efficiency']:.1%}  {r['real_tokens_per_s']:>9.0f} real tok/s")
-    print(f"packing efficiency {result['packing_efficiency']:.1%} (target >= 95%); "
-          f"packed/padded {result['ratio_packed_vs_padded']:.2f}x (target >= 2x); "
-          f"packed/padded_dynamic {result['ratio_packed_vs_padded_dynamic']:.2f}x")
+        print(f"{m:>15}: {r['micro_batches']:4d} micro-batches  eff {r['efficiency']:.1%}  "
+              f"{fmt(r['real_tokens_per_s'], nd=0)} real tok/s (median [min-max])")
+    for k, v in ratios.items():
+        print(f"{k:>24}: {fmt(v, 'x')}")
+    print(f"packing efficiency {result['packing_efficiency']:.1%}; fastest: {result['fastest']}")
     print(f"wrote {out}")
 
 

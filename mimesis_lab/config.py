@@ -262,6 +262,20 @@ class ModelParams(Section):
 class TrainParams(Section):
     """One training phase (``midtrain``, ``sft`` or ``agent_sft``) run by the shared DeepSpeed loop."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _packing_alias(cls, data: Any) -> Any:
+        """The deprecated ``packing: true|false`` (before ``batching``) means ``batching: packed|padded``."""
+        if isinstance(data, dict) and "packing" in data:
+            data = dict(data)
+            packing = data.pop("packing")
+            if "batching" in data:
+                raise ValueError("`packing` is deprecated and replaced by `batching`: write only `batching`")
+            if not isinstance(packing, bool):
+                raise ValueError(f"`packing` (deprecated) must be true or false, got {packing!r}; use `batching`")
+            data["batching"] = "packed" if packing else "padded"
+        return data
+
     train: str = Field(description="Training split parquet (column `messages`; `copies` expands the mixture).")
     val: str = Field(description="Validation split parquet.")
     init_from: str = Field(
@@ -272,10 +286,17 @@ class TrainParams(Section):
         "turns sit in the assistant slot).")
     deepspeed_config: str = Field(
         description="DeepSpeed JSON (ZeRO stage, micro-batch, gradient accumulation, clipping, precision).")
-    max_len: int = Field(512, gt=8, description="Tokens per packed row (and per example).")
+    max_len: int = Field(512, gt=8, description="Tokens per packed row (and per example); with `grouped` "
+                         "batching, a micro-batch holds at most micro_batch x max_len padded tokens.")
     overlong: Literal["truncate", "drop"] = Field(
         "truncate", description="An example longer than max_len is truncated (right) or dropped; both counted.")
-    packing: bool = Field(True, description="Pack several examples per row (block-diagonal attention).")
+    batching: Literal["auto", "packed", "grouped", "padded"] = Field(
+        "auto", description="How examples make micro-batches. `packed`: several examples per max_len row, "
+        "block-diagonal attention; `grouped`: length-grouped dynamic padding (HF/TRL group_by_length: "
+        "seeded shuffle, mega-batches sorted by length), a micro-batch holding up to micro_batch x max_len "
+        "padded tokens, each example padded only to the longest of its micro-batch; `padded`: one example "
+        "per row padded to max_len; `auto`: packed on CUDA, grouped on CPU (faster there: "
+        "bench/bench_packing.py). The deprecated `packing: true|false` means packed|padded.")
     epochs: float = Field(1.0, gt=0, description="Passes over the (mixture-expanded) training set.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")

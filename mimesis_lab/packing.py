@@ -50,6 +50,7 @@ __all__ = [
     "pack",
     "pad_rows",
     "packing_efficiency",
+    "group_by_length",
     "collate",
     "masked_token_ce_sum",
     "masked_token_mean_ce",
@@ -196,11 +197,45 @@ def packing_efficiency(rows: Sequence[PackedRow], max_len: int) -> float:
     return sum(len(r) for r in rows) / (len(rows) * max_len)
 
 
+def group_by_length(lengths: Sequence[int], budget: int, seed: int, mega: int = 50) -> list[list[int]]:
+    """Length-grouped micro-batches (dynamic padding): lists of indices into ``lengths`` such that
+    ``len(group) * max(lengths of the group) <= budget`` (the padded tokens of a micro-batch).
+
+    The order of Hugging Face's ``LengthGroupedSampler`` (TRL/HF ``group_by_length``): a seeded
+    shuffle, then mega-batches of about ``mega`` micro-batches (``mega * max(1, budget // mean
+    length)`` examples), each sorted by length (longest first, ties by index) and cut greedily into
+    micro-batches that stay within ``budget``. Every index appears in exactly one group; a group
+    never mixes two mega-batches. Deterministic given ``seed``. Each length must be 1..``budget``.
+    """
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    bad = [i for i, n in enumerate(lengths) if not 0 < n <= budget]
+    if bad:
+        raise ValueError(f"example {bad[0]} has {lengths[bad[0]]} tokens; need 1..{budget}")
+    if not lengths:
+        return []
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    per_group = max(1, budget * len(lengths) // max(1, sum(lengths)))
+    size = max(1, mega * per_group)
+    groups: list[list[int]] = []
+    for start in range(0, len(order), size):
+        chunk = sorted(order[start:start + size], key=lambda k: (-lengths[k], k))
+        group: list[int] = []
+        for k in chunk:        # longest first: the group's width is its first member's length
+            if group and (len(group) + 1) * lengths[group[0]] > budget:
+                groups.append(group)
+                group = []
+            group.append(k)
+        groups.append(group)
+    return groups
+
+
 def collate(
     rows: Sequence[PackedRow],
     max_len: int,
     pad_id: int,
-    mask: Literal["4d", "position_ids"] = "4d",
+    mask: Literal["4d", "position_ids", "padding"] = "4d",
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
     """Stack rows into right-padded ``(batch, max_len)`` tensors.
@@ -210,13 +245,17 @@ def collate(
     ``(batch, 1, max_len, max_len)`` additive mask in ``dtype`` (use the model's dtype) that is
     block-diagonal causal over examples, with each pad attending only to itself. With
     ``mask="position_ids"`` no ``attention_mask`` is returned and the forward call must pass
-    ``use_cache=False`` (see the module docstring).
+    ``use_cache=False`` (see the module docstring). ``mask="padding"`` is for rows of one example
+    each (dynamic padding): a 2D ``attention_mask`` (1 real, 0 pad; the model adds causality) and
+    position ids ``0..max_len-1`` per row; right padding, so no query row is fully masked.
     Feed as ``model(input_ids=…, attention_mask=…, position_ids=…)``; never pass ``labels``.
     """
     if not rows:
         raise ValueError("collate needs at least one row")
-    if mask not in ("4d", "position_ids"):
-        raise ValueError(f"mask must be '4d' or 'position_ids', got {mask!r}")
+    if mask not in ("4d", "position_ids", "padding"):
+        raise ValueError(f"mask must be '4d', 'position_ids' or 'padding', got {mask!r}")
+    if mask == "padding" and any(len(r.seq_lens) != 1 for r in rows):
+        raise ValueError("mask='padding' needs rows of one example each (packed rows need '4d' or 'position_ids')")
     b = len(rows)
     input_ids = torch.full((b, max_len), pad_id, dtype=torch.long)
     labels = torch.full((b, max_len), IGNORE_INDEX, dtype=torch.long)
@@ -237,6 +276,9 @@ def collate(
         # every pad is its own segment: with causality it sees only itself
         segment[i, n:] = len(row.seq_lens) + torch.arange(max_len - n)
     out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    if mask == "padding":
+        out["attention_mask"] = (segment == 0).long()      # one example per row: segment 0 is the example
+        out["position_ids"] = torch.arange(max_len).expand(b, -1).clone()
     if mask == "4d":
         causal = torch.ones((max_len, max_len), dtype=torch.bool).tril()
         allowed = (segment[:, :, None] == segment[:, None, :]) & causal

@@ -46,7 +46,7 @@ def test_unigram_baseline_uses_the_training_targets(tmp_path):
     cfg = load_params(str(ROOT / "params.yaml")).midtrain.model_copy(
         update={"train": str(tmp_path / "t.parquet"), "val": str(tmp_path / "v.parquet")})
     u = unigram_baseline(tmp_path / "m", cfg)
-    rows, stats = load_rows(cfg.train, load_tokenizer(tmp_path / "m"), cfg, train=True)
+    rows, stats = load_rows(cfg.train, load_tokenizer(tmp_path / "m"), cfg, train=True, batching="padded")
     assert u["train_target_tokens"] == stats["target_tokens"] == len(target_tokens(rows))
     assert u["vocab_size"] == len(tok) and u["examples"] == u["examples_scored"] == 2
     assert sum(p[2] for p in u["per_example"]) == u["val_target_tokens"] > 0

@@ -1,4 +1,5 @@
-"""Packing: isolation of packed examples (sdpa and eager), labels, positions, efficiency, loss."""
+"""Packing: isolation of packed examples (sdpa and eager), labels, positions, efficiency, loss; length-grouped
+dynamic padding (grouping, padding, loss)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ from mimesis_lab.packing import (
     IGNORE_INDEX,
     collate,
     fit_examples,
+    group_by_length,
     masked_token_ce_sum,
     masked_token_mean_ce,
     pack,
@@ -243,3 +245,67 @@ def test_packed_loss_equals_sum_of_losses_alone(tiny_model):
             s, c = masked_token_ce_sum(_alone_logits(tiny_model, row.input_ids)[None], single["labels"])
             tot, cnt = tot + s.item(), cnt + c.item()
     assert packed.item() == pytest.approx(tot / cnt, abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- length-grouped dynamic padding
+def test_group_by_length_partitions_within_budget_and_groups_by_length():
+    rng = random.Random(5)
+    lengths = [rng.randint(1, 64) for _ in range(500)]
+    groups = group_by_length(lengths, 128, seed=3, mega=4)
+    assert sorted(i for g in groups for i in g) == list(range(500))         # every example exactly once
+    assert all(g and len(g) * max(lengths[i] for i in g) <= 128 for g in groups)
+    assert group_by_length(lengths, 128, seed=3, mega=4) == groups           # deterministic
+    assert group_by_length(lengths, 128, seed=4, mega=4) != groups           # the seed shuffles
+    # grouped: far less padding than random micro-batches of the same sizes
+    def fed(gs):
+        return sum(len(g) * max(lengths[i] for i in g) for g in gs)
+    order = list(range(500))
+    random.Random(0).shuffle(order)
+    it = iter(order)
+    rand = [[next(it) for _ in g] for g in groups]
+    assert sum(lengths) / fed(groups) > 0.85 > sum(lengths) / fed(rand)
+    # a length equal to the budget is a group of its own; longer is an error
+    assert group_by_length([4, 2, 2], 4, seed=0) in ([[0], [1, 2]], [[1, 2], [0]])
+    with pytest.raises(ValueError, match="example 1 has 9 tokens"):
+        group_by_length([3, 9], 8, seed=0)
+    assert group_by_length([], 8, seed=0) == []
+
+
+def test_padding_collate_pads_only_to_the_micro_batch_max():
+    rows = pad_rows([([5, 6, 7], [0, 1, 1]), ([8, 9], [0, 1])], 64)
+    batch = collate(rows, max(len(r) for r in rows), PAD, mask="padding")
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 9, PAD]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert batch["labels"].tolist() == [[6, 7, IGNORE_INDEX], [9, IGNORE_INDEX, IGNORE_INDEX]]
+    with pytest.raises(ValueError, match="one example each"):
+        collate(pack([([5, 6], [0, 1]), ([8, 9], [0, 1])], 4), 4, PAD, mask="padding")
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_grouped_loss_equals_losses_one_by_one(tiny_model, impl):
+    """A length-grouped micro-batch (2D padding mask, padded to its longest example): same logits as
+    each example alone, and its token-mean CE equals the token mean over the examples run one by one."""
+    tiny_model.set_attn_implementation(impl)
+    try:
+        examples = [_example(n, 20 + s) for s, n in enumerate([7, 3, 9, 5, 9, 2])]
+        rows = pad_rows(examples, 32)
+        for group in group_by_length([len(r) for r in rows], 27, seed=1, mega=1):
+            chunk = [rows[i] for i in group]
+            width = max(len(r) for r in chunk)
+            assert len(chunk) * width <= 27
+            batch = collate(chunk, width, PAD, mask="padding")
+            assert batch["input_ids"].shape == (len(chunk), width)
+            with torch.no_grad():
+                logits = tiny_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                    position_ids=batch["position_ids"], use_cache=False).logits
+                grouped = masked_token_mean_ce(logits, batch["labels"])
+                tot, cnt = 0.0, 0
+                for b, row in enumerate(chunk):
+                    alone = _alone_logits(tiny_model, row.input_ids)
+                    torch.testing.assert_close(logits[b, :len(row)], alone, atol=1e-5, rtol=0)
+                    s, c = masked_token_ce_sum(alone[None], torch.tensor([row.labels]))
+                    tot, cnt = tot + s.item(), cnt + c.item()
+            assert grouped.item() == pytest.approx(tot / cnt, abs=1e-5)
+    finally:
+        tiny_model.set_attn_implementation("sdpa")

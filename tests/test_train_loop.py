@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from mimesis_lab.config import load_params
-from mimesis_lab.train.data import DataError, DataPlan, build_rows, eval_batches, read_conversations
+from mimesis_lab.train.data import (DataError, DataPlan, batch_efficiency, batch_units, build_rows, eval_batches,
+                                    read_conversations, resolve_batching)
 from mimesis_lab.train.launch import LaunchError, build_command, free_port, job_env, launch
 from mimesis_lab.train.checkpoint import MARKER, ResumeError, list_checkpoints, resolve_resume, tag_for, validate_checkpoint
 
@@ -79,7 +80,7 @@ class Project:
                           num_key_value_heads=1, head_dim=16, max_position_embeddings=128)
         section = dict(p["midtrain"])
         section.update(train=str(self.root / "train.parquet"), val=str(self.root / "val.parquet"),
-                       init_from="model", deepspeed_config=str(self.ds1), max_len=80, packing=False,
+                       init_from="model", deepspeed_config=str(self.ds1), max_len=80, batching="padded",
                        epochs=float(EPOCHS), max_steps=None, lr=0.01, warmup_ratio=0.05, min_lr_ratio=0.1,
                        eval_every=20, save_every=20, keep_last=2, resume="auto", world_size=1,
                        launcher="deepspeed", seed=7, output_dir=str(self.root / name), log_every=1)
@@ -185,17 +186,60 @@ def test_mixture_expansion_and_rows(project: Project):
     from mimesis_lab.tokenizer import load_tokenizer
 
     tok = load_tokenizer(project.root / "tokenizer")
-    rows, stats = build_rows(tok, convs, train_role="assistant", max_len=80, overlong="truncate", packing=False,
+    rows, stats = build_rows(tok, convs, train_role="assistant", max_len=80, overlong="truncate", batching="padded",
                              source="train")
-    packed, pstats = build_rows(tok, convs, train_role="assistant", max_len=160, overlong="truncate", packing=True)
+    packed, pstats = build_rows(tok, convs, train_role="assistant", max_len=160, overlong="truncate", batching="packed")
     assert stats["rows"] == N_TRAIN and stats["truncated"] == 0 and stats["tokenize_errors"] == 0
-    _, wide = build_rows(tok, convs, train_role="assistant", max_len=160, overlong="truncate", packing=False)
+    _, wide = build_rows(tok, convs, train_role="assistant", max_len=160, overlong="truncate", batching="padded")
     assert pstats["rows"] <= N_TRAIN / 2 and pstats["packing_efficiency"] > 1.5 * wide["packing_efficiency"]
     assert pstats["target_tokens"] == stats["target_tokens"]
-    _, short = build_rows(tok, convs, train_role="assistant", max_len=52, overlong="drop", packing=True)
+    _, short = build_rows(tok, convs, train_role="assistant", max_len=52, overlong="drop", batching="packed")
     assert short["dropped_overlong"] == N_TRAIN - short["examples_out"] > 0 and short["examples_out"] > 0
     with pytest.raises(DataError, match="train: no example is left"):
-        build_rows(tok, convs, train_role="assistant", max_len=30, overlong="drop", packing=True, source="train")
+        build_rows(tok, convs, train_role="assistant", max_len=30, overlong="drop", batching="packed", source="train")
+
+
+def test_grouped_units_cover_every_example_once_per_epoch(project: Project):
+    from mimesis_lab.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(project.root / "tokenizer")
+    convs = read_conversations(project.root / "train.parquet", expand=True, seed=7)
+    rows, stats = build_rows(tok, convs, train_role="assistant", max_len=80, overlong="truncate", batching="grouped")
+    assert stats["batching"] == "grouped" and all(len(r.seq_lens) == 1 for r in rows)   # one example per row
+    units, per_micro = batch_units(rows, "grouped", 2, 80, seed=7)      # budget 2 x 80 padded tokens
+    assert per_micro == 1 and 1 < len(units) < len(rows)
+    assert all(len(u) * max(len(rows[i]) for i in u) <= 160 for u in units)
+    plan = DataPlan(len(units), per_micro, 2, 1, seed=7)
+    for epoch in range(3):                      # the plan's stream visits every unit, hence example, once
+        seen = [i for u in plan.epoch_order(epoch) for i in units[u]]
+        assert sorted(seen) == list(range(len(rows)))
+    assert 0.5 < batch_efficiency(rows, units, "grouped", 80) <= 1.0
+    assert batch_efficiency(rows, [[i] for i in range(len(rows))], "padded", 80) == pytest.approx(
+        stats["packing_efficiency"])
+    assert batch_units(rows, "packed", 2, 80, seed=7) == ([[i] for i in range(len(rows))], 2)
+    assert [resolve_batching("auto", d) for d in ("cpu", "cuda")] == ["grouped", "packed"]
+    assert resolve_batching("padded", "cuda") == "padded"
+    with pytest.raises(ValueError, match="batching"):
+        build_rows(tok, convs, train_role="assistant", max_len=80, overlong="truncate", batching="auto")
+
+
+def test_packing_is_a_deprecated_alias_of_batching(project: Project):
+    from mimesis_lab.config import ConfigError
+
+    assert load_params(project.params("alias_f")).midtrain.batching == "padded"
+    p = yaml.safe_load(project.params("alias_t").read_text())
+    for value, mode in ((True, "packed"), (False, "padded")):
+        del p["midtrain"]["batching"], p["sft_run"]["batching"]
+        p["midtrain"]["packing"] = value
+        path = project.root / "params_alias.yaml"
+        path.write_text(yaml.safe_dump(p))
+        assert load_params(path).midtrain.batching == mode
+        p["midtrain"]["batching"] = "grouped"
+        path.write_text(yaml.safe_dump(p))
+        with pytest.raises(ConfigError, match="write only `batching`"):
+            load_params(path)
+        p["sft_run"]["batching"] = "auto"
+        del p["midtrain"]["packing"]
 
 
 def test_data_plan_is_world_size_independent():
@@ -288,6 +332,32 @@ def test_world_size_1_reduces_loss_and_exports(run_a, project: Project):
     print(f"\nrun_a: {TOTAL} steps, wall {run_a['wall_s']:.1f}s, "
           f"median step {sorted(r['step_time_s'] for r in train)[TOTAL // 2] * 1e3:.1f} ms, "
           f"median {sorted(r['tokens_per_s'] for r in train)[TOTAL // 2]:.0f} tok/s")
+
+
+def test_grouped_batching_trains(project: Project):
+    """`batching: grouped` under real DeepSpeed (ZeRO-2, gradient accumulation 2): length groups of at
+    most micro 2 x max_len 80 padded tokens, each micro-batch padded to its longest example; loss goes down."""
+    params = project.params("g", batching="grouped", epochs=30.0, eval_every=1000, save_every=1000,
+                            launcher="torchrun")
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    out = project.out("g")
+    start = _records(out, "start")[0]
+    assert start["batching"] == "grouped" and 1 < start["train_units"] < N_TRAIN and start["global_batch"] == 2
+    train = _records(out, "train")
+    assert len(train) == 15 * start["train_units"]
+    first, last = sum(r["loss"] for r in train[:4]) / 4, sum(r["loss"] for r in train[-4:]) / 4
+    assert last < 0.5 * first, (first, last)
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["batching"] == "grouped" and summary["final_val_loss"] < summary["initial_val_loss"]
+    assert 0.5 < summary["batch_efficiency"] <= 1
+    # every example once per epoch (30 x units is a whole number of steps): 30 x the training set's tokens
+    from mimesis_lab.tokenizer import load_tokenizer
+
+    convs = read_conversations(project.root / "train.parquet", expand=True, seed=7)
+    _, stats = build_rows(load_tokenizer(project.root / "tokenizer"), convs, train_role="assistant", max_len=80,
+                          overlong="truncate", batching="grouped")
+    assert summary["tokens"] == 30 * stats["real_tokens"]
+    assert summary["target_tokens"] == 30 * stats["target_tokens"]
 
 
 @pytest.mark.slow

@@ -58,10 +58,10 @@ def unigram_baseline(model_dir: str | Path, cfg: Any, max_examples: int = 256) -
     model = load_model(model_dir)
     model.eval()
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    train_rows, _ = load_rows(cfg.train, tok, cfg, train=True)
+    train_rows, _ = load_rows(cfg.train, tok, cfg, train=True, batching="padded")
     counts = unigram_counts(target_tokens(train_rows))
     val_rows, _ = build_rows(tok, read_conversations(cfg.val, expand=False, seed=cfg.seed), train_role=cfg.train_role,
-                             max_len=cfg.max_len, overlong=cfg.overlong, packing=False, source=str(cfg.val))
+                             max_len=cfg.max_len, overlong=cfg.overlong, batching="padded", source=str(cfg.val))
     val_targets = target_tokens(val_rows)
     per = []
     with torch.no_grad():

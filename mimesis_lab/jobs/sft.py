@@ -39,7 +39,8 @@ from mimesis_lab.progress import Progress
 from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, clear_outputs, drop_checkpoints_after,
                                           export_final, load_resume_checkpoint, relative_path, resume_point,
                                           run_fingerprint, save_checkpoint, tag_for)
-from mimesis_lab.train.data import DataPlan, eval_batches, load_rows, target_count
+from mimesis_lab.train.data import (DataPlan, batch_efficiency, batch_units, eval_batches, load_rows,
+                                    resolve_batching, target_count)
 from mimesis_lab.train.metrics_log import MetricsLog
 from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, job_main, load_ds_config,
                                        make_engine, require_model_folder, say, set_lr)
@@ -52,22 +53,26 @@ LONG_ROWS = 8192              # above this max_len, packed attention via positio
 
 
 def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum of token cross-entropies over the target tokens, their count)`` of a micro-batch."""
-    batch = collate(rows, max_len, pad_id, mask=mask_mode, dtype=dtype)
+    """``(sum of token cross-entropies over the target tokens, their count)`` of a micro-batch.
+    ``mask_mode="padding"`` (grouped batching) pads only to the longest row of the micro-batch."""
+    width = max(len(r) for r in rows) if mask_mode == "padding" else max_len
+    batch = collate(rows, width, pad_id, mask=mask_mode, dtype=dtype)
     labels = batch.pop("labels").to(engine.device)
     batch = {k: v.to(engine.device) for k, v in batch.items()}
     out = engine(**batch, use_cache=False)
     return masked_token_ce_sum(out.logits, labels)
 
 
-def evaluate(engine, rows, micro: int, world: int, rank: int, max_len: int, pad_id: int, mask_mode: str,
+def evaluate(engine, rows, units, micro: int, world: int, rank: int, max_len: int, pad_id: int, mask_mode: str,
              dtype) -> float:
-    """Validation loss: token mean over every target token of ``rows`` (all ranks)."""
+    """Validation loss: token mean over every target token of ``rows`` (all ranks); ``units`` and
+    ``micro`` (units per micro-batch) as from :func:`~mimesis_lab.train.data.batch_units`."""
     engine.eval()
     total, count = 0.0, 0.0
     with torch.no_grad():
-        for idx in eval_batches(len(rows), micro, world, rank):
-            s, c = forward_ce(engine, [rows[i] for i in (idx or [0])], max_len, pad_id, mask_mode, dtype)
+        for idx in eval_batches(len(units), micro, world, rank):
+            batch_rows = [rows[i] for u in (idx or [0]) for i in units[u]]
+            s, c = forward_ce(engine, batch_rows, max_len, pad_id, mask_mode, dtype)
             if idx:
                 total, count = total + float(s), count + float(c)
     engine.train()
@@ -92,10 +97,11 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     out_dir = Path(cfg.output_dir)
     ckpt_root = out_dir / CHECKPOINTS
     ds_config = load_ds_config(cfg.deepspeed_config)
+    batching = resolve_batching(cfg.batching, "cuda" if torch.cuda.is_available() else "cpu")
     fingerprint = run_fingerprint(
         phase, cfg, ds_config, {"train": cfg.train, "val": cfg.val, "init_from": None if from_scratch else cfg.init_from},
         job_module=__name__ if __name__ != "__main__" else "mimesis_lab.jobs.sft",
-        extra={"model": params.model.model_dump() if from_scratch else None})
+        extra={"model": params.model.model_dump() if from_scratch else None, "batching": batching})
     resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))   # fails fast
     if rank == 0:
         ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -105,20 +111,24 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     tokenizer = load_tokenizer(cfg.init_from if not from_scratch else
                                params.tokenizer.pretrained or params.tokenizer.output_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    train_rows, train_stats = load_rows(cfg.train, tokenizer, cfg, train=True)
-    val_rows, val_stats = load_rows(cfg.val, tokenizer, cfg, train=False)
+    train_rows, train_stats = load_rows(cfg.train, tokenizer, cfg, train=True, batching=batching)
+    val_rows, val_stats = load_rows(cfg.val, tokenizer, cfg, train=False, batching=batching)
 
     torch.manual_seed(cfg.seed)
     model = build_or_load(params.model, tokenizer) if from_scratch else load_model(cfg.init_from)
     engine, optimizer = make_engine(model, cfg, ds_config)
     zero_stage = engine.zero_optimization_stage()
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else torch.float32
-    mask_mode = "4d" if cfg.max_len <= LONG_ROWS else "position_ids"
+    mask_mode = "padding" if batching == "grouped" else "4d" if cfg.max_len <= LONG_ROWS else "position_ids"
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-    plan = DataPlan(len(train_rows), micro, gas, world, cfg.seed)
+    # units: rows (packed, padded) or length groups of rows (grouped), what the plan shuffles
+    units, unit_micro = batch_units(train_rows, batching, micro, cfg.max_len, cfg.seed)
+    val_units, _ = batch_units(val_rows, batching, micro, cfg.max_len, cfg.seed)
+    efficiency = batch_efficiency(train_rows, units, batching, cfg.max_len)
+    plan = DataPlan(len(units), unit_micro, gas, world, cfg.seed)
     total = plan.total_steps(cfg.epochs, cfg.max_steps)
-    row_len = [len(r) for r in train_rows]
-    row_tgt = [target_count(r) for r in train_rows]
+    unit_len = [sum(len(train_rows[i]) for i in u) for u in units]
+    unit_tgt = [sum(target_count(train_rows[i]) for i in u) for u in units]
 
     log = MetricsLog(out_dir, rank == 0)
     ok = False
@@ -130,7 +140,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
             root, tag = resume
             client = load_resume_checkpoint(engine, root, tag)
             if client.get("global_batch") != plan.global_batch:
-                raise ResumeError(f"{root / tag}: written with global batch {client.get('global_batch')} rows/step, "
+                raise ResumeError(f"{root / tag}: written with global batch {client.get('global_batch')} units/step, "
                                   f"this run has {plan.global_batch}; the data position would not carry over")
             state.update({k: client[k] for k in state if k in client})
             if state["step"] > total:
@@ -152,13 +162,16 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
         log.write({"kind": "start", "step": state["step"], "phase": phase, "world_size": world,
                    "zero_stage": zero_stage, "micro_batch": micro, "grad_accum": gas,
                    "global_batch": plan.global_batch, "total_steps": total, "train_rows": len(train_rows),
-                   "val_rows": len(val_rows), "resumed": resume is not None})
-        say(rank, f"{phase}: {len(train_rows)} train rows ({train_stats['packing_efficiency']:.3f} packed), "
-                  f"{len(val_rows)} val rows, global batch {plan.global_batch} = {micro}x{gas}x{world}, "
+                   "val_rows": len(val_rows), "batching": batching, "train_units": len(units),
+                   "resumed": resume is not None})
+        say(rank, f"{phase}: {len(train_rows)} train rows, {batching} batching ({len(units)} units, "
+                  f"{efficiency:.3f} of the fed tokens real), {len(val_rows)} val rows, "
+                  f"global batch {plan.global_batch} = {unit_micro}x{gas}x{world} units, "
                   f"steps {state['step']}->{total}, ZeRO-{zero_stage}, {dtype}")
 
         def evaluate_now(step: int) -> None:
-            val = evaluate(engine, val_rows, micro, world, rank, cfg.max_len, pad_id, mask_mode, dtype)
+            val = evaluate(engine, val_rows, val_units, unit_micro, world, rank, cfg.max_len, pad_id, mask_mode,
+                           dtype)
             if state["initial_val_loss"] is None:
                 state["initial_val_loss"] = val
             state["last_val_loss"], state["last_val_step"] = val, step
@@ -180,14 +193,15 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
         while step < total:
             torch.manual_seed((cfg.seed + 1) * 1_000_003 + step * 131 + rank)
             lr = set_lr(optimizer, lr_at(step, total, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio))
-            rows_step = plan.step_rows(step)
-            n_tgt = sum(row_tgt[i] for i in rows_step)
-            n_tok = sum(row_len[i] for i in rows_step)
+            units_step = plan.step_rows(step)
+            n_tgt = sum(unit_tgt[u] for u in units_step)
+            n_tok = sum(unit_len[u] for u in units_step)
             t0 = time.perf_counter()
             local = 0.0
             gn = None
             for k, idx in enumerate(plan.micro_batches(step, rank)):
-                s, _ = forward_ce(engine, [train_rows[i] for i in idx], cfg.max_len, pad_id, mask_mode, dtype)
+                s, _ = forward_ce(engine, [train_rows[i] for u in idx for i in units[u]], cfg.max_len, pad_id,
+                                  mask_mode, dtype)
                 engine.backward(s * (world / n_tgt), scale_wrt_gas=False)
                 if zero_stage == 0 and k == gas - 1:      # DeepSpeed records no norm without ZeRO
                     gn = float(torch.nn.utils.get_total_norm([p.grad for p in engine.module.parameters()
@@ -234,6 +248,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                 "epochs": plan.epoch_at(total), "tokens": state["tokens_seen"],
                 "target_tokens": state["target_tokens_seen"],
                 "initial_val_loss": state["initial_val_loss"], "final_val_loss": state["last_val_loss"],
+                "batching": batching, "batch_efficiency": efficiency, "train_units": len(units),
                 "packing_efficiency": train_stats["packing_efficiency"], "train_rows": len(train_rows),
                 "examples_in": train_stats["examples_in"], "examples_out": train_stats["examples_out"],
                 "examples_truncated": train_stats["truncated"],

@@ -8,14 +8,22 @@
    expansion) raises :class:`DataError` naming the file.
 2. :func:`build_rows` tokenises with :func:`mimesis_lab.chat.tokenize_many` (loss mask on the
    ``train_role`` content), makes every example fit ``max_len`` with
-   :func:`mimesis_lab.packing.fit_examples` (``truncate`` | ``drop``, counted), then packs
-   (:func:`mimesis_lab.packing.pack`, block-diagonal attention) or pads one example per row.
-3. :class:`DataPlan` decides which rows every rank sees at every step, as a pure function of
-   ``(seed, step)``: the rows form an endless stream, epoch ``e`` being the permutation
+   :func:`mimesis_lab.packing.fit_examples` (``truncate`` | ``drop``, counted), then, by the
+   ``batching`` mode (:data:`BATCHING`), packs (``packed``: :func:`mimesis_lab.packing.pack`,
+   block-diagonal attention) or keeps one example per row (``grouped``, ``padded``).
+3. :func:`batch_units` turns the rows into *units*, what the plan shuffles: one row per unit for
+   ``packed``/``padded`` (a micro-step takes ``micro_batch`` units, each row padded to ``max_len``),
+   or, for ``grouped`` (length-grouped dynamic padding), one micro-batch per unit: examples of
+   similar length (:func:`mimesis_lab.packing.group_by_length`) whose padded size, count x the
+   longest, is at most ``micro_batch * max_len`` tokens, as many as ``micro_batch`` packed rows
+   hold, so the global batch in tokens (and the lr settings) carry over. The groups are made once
+   per run; each epoch visits them in a new order.
+4. :class:`DataPlan` decides which units every rank sees at every step, as a pure function of
+   ``(seed, step)``: the units form an endless stream, epoch ``e`` being the permutation
    ``default_rng([seed, e]).permutation(n_rows)``; optimizer step ``s`` consumes stream
    positions ``[s*G, (s+1)*G)`` with ``G = micro_batch * grad_accum * world_size`` (the global
-   batch). Micro-step ``k`` of rank ``r`` takes the ``micro_batch`` rows starting at
-   ``k*world_size*micro_batch + r*micro_batch`` of that window. The *set* of rows in a step
+   batch, in units). Micro-step ``k`` of rank ``r`` takes the ``micro_batch`` units starting at
+   ``k*world_size*micro_batch + r*micro_batch`` of that window. The *set* of units in a step
    depends only on ``(seed, step, G)``, not on the world size, and the data cursor of a
    checkpoint is just the step: resuming needs no data-loader state.
 """
@@ -32,9 +40,14 @@ import polars as pl
 from mimesis_lab.chat import tokenize_many
 from mimesis_lab.io import ParquetReadError, read_parquet
 from mimesis_lab.mixture import expand_mixture
-from mimesis_lab.packing import IGNORE_INDEX, PackedRow, fit_examples, pack, packing_efficiency, pad_rows
+from mimesis_lab.packing import (IGNORE_INDEX, PackedRow, fit_examples, group_by_length, pack, packing_efficiency,
+                                 pad_rows)
 
-__all__ = ["DataError", "read_conversations", "build_rows", "load_rows", "DataPlan", "target_count", "eval_batches"]
+__all__ = ["BATCHING", "DataError", "read_conversations", "build_rows", "load_rows", "resolve_batching",
+           "batch_units", "batch_efficiency", "DataPlan", "target_count", "eval_batches"]
+
+#: The batching modes of the SFT-style phases (``auto`` resolves to one of them per device).
+BATCHING = ("packed", "grouped", "padded")
 
 
 class DataError(ValueError):
@@ -71,16 +84,19 @@ def build_rows(
     train_role: str,
     max_len: int,
     overlong: str,
-    packing: bool,
+    batching: str,
     source: str = "<conversations>",
 ) -> tuple[list[PackedRow], dict[str, Any]]:
-    """Tokenise, fit and pack (or pad) ``conversations``; returns ``(rows, stats)``.
+    """Tokenise, fit and pack (``batching="packed"``) or keep one example per row (``grouped``,
+    ``padded``) ``conversations``; returns ``(rows, stats)``.
 
     Identical conversations (mixture copies) are tokenised once. A conversation the chat
     tokenisation rejects is skipped and counted (``tokenize_errors``, first message in
     ``first_tokenize_error``). ``stats`` also holds :func:`fit_examples`' counts, ``rows``,
     ``packing_efficiency`` (real tokens / (rows × max_len)), ``real_tokens`` and ``target_tokens``.
     """
+    if batching not in BATCHING:
+        raise ValueError(f"batching must be one of {BATCHING}, got {batching!r} (resolve `auto` first)")
     keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
     unique: dict[tuple, int] = {}
     for k in keys:
@@ -93,14 +109,14 @@ def build_rows(
     if not kept:
         raise DataError(f"{source}: no example is left after tokenisation and fitting to max_len={max_len} "
                         f"(tokenize errors: {len(errors)}, stats: {stats})")
-    rows = pack(kept, max_len) if packing else pad_rows(kept, max_len)
+    rows = pack(kept, max_len) if batching == "packed" else pad_rows(kept, max_len)
     out: dict[str, Any] = dict(stats)
     out.update(
         conversations=len(conversations),
         tokenize_errors=sum(1 for k in keys if isinstance(results[unique[k]], Exception)),
         first_tokenize_error=str(errors[0]) if errors else None,
         rows=len(rows),
-        packing=packing,
+        batching=batching,
         packing_efficiency=packing_efficiency(rows, max_len),
         real_tokens=sum(len(r) for r in rows),
         target_tokens=sum(target_count(r) for r in rows),
@@ -108,11 +124,47 @@ def build_rows(
     return rows, out
 
 
-def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool) -> tuple[list[PackedRow], dict[str, Any]]:
-    """:func:`read_conversations` + :func:`build_rows` with the settings of a ``TrainParams``."""
+def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool,
+              batching: str) -> tuple[list[PackedRow], dict[str, Any]]:
+    """:func:`read_conversations` + :func:`build_rows` with the settings of a ``TrainParams``
+    (``batching``: the resolved mode, see :func:`resolve_batching`)."""
     convs = read_conversations(path, expand=train, seed=cfg.seed)
     return build_rows(tokenizer, convs, train_role=cfg.train_role, max_len=cfg.max_len,
-                      overlong=cfg.overlong, packing=cfg.packing, source=str(path))
+                      overlong=cfg.overlong, batching=batching, source=str(path))
+
+
+def resolve_batching(batching: str, device_type: str) -> str:
+    """The batching mode to use: ``auto`` is ``packed`` on CUDA (block-diagonal packed rows are what
+    a variable-length attention kernel runs without padding) and ``grouped`` elsewhere (on CPU the
+    dense attention over a packed ``max_len`` row costs more than the padding it removes:
+    ``bench/bench_packing.py``); any other value is returned as is."""
+    if batching == "auto":
+        return "packed" if device_type == "cuda" else "grouped"
+    if batching not in BATCHING:
+        raise ValueError(f"batching must be auto or one of {BATCHING}, got {batching!r}")
+    return batching
+
+
+def batch_units(rows: Sequence[PackedRow], batching: str, micro_batch: int, max_len: int,
+                seed: int) -> tuple[list[list[int]], int]:
+    """``(units, units_per_micro_step)``: the units :class:`DataPlan` shuffles (lists of row indices)
+    and how many of them make one micro-step (module docstring, item 3). ``grouped``: length groups
+    within ``micro_batch * max_len`` padded tokens, one per micro-step; else one row per unit and
+    ``micro_batch`` units per micro-step."""
+    if batching == "grouped":
+        return group_by_length([len(r) for r in rows], micro_batch * max_len, seed), 1
+    return [[i] for i in range(len(rows))], micro_batch
+
+
+def batch_efficiency(rows: Sequence[PackedRow], units: Sequence[Sequence[int]], batching: str, max_len: int) -> float:
+    """Real tokens / tokens fed to the model (pads included): each ``grouped`` unit is padded to its
+    longest row, every other row to ``max_len``."""
+    real = sum(len(rows[i]) for u in units for i in u)
+    if batching == "grouped":
+        fed = sum(len(u) * max(len(rows[i]) for i in u) for u in units if u)
+    else:
+        fed = sum(len(u) for u in units) * max_len
+    return real / fed if fed else 0.0
 
 
 def target_count(row: PackedRow) -> int:
@@ -122,7 +174,8 @@ def target_count(row: PackedRow) -> int:
 
 @dataclass(frozen=True)
 class DataPlan:
-    """Which training rows each rank uses at each optimizer step (see the module docstring)."""
+    """Which training units (rows, or length groups) each rank uses at each optimizer step (see the
+    module docstring); ``n_rows`` counts units and ``micro_batch`` is in units per micro-step."""
 
     n_rows: int
     micro_batch: int
