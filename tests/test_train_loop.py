@@ -360,12 +360,12 @@ def test_grouped_batching_trains(project: Project):
     assert summary["target_tokens"] == 30 * stats["target_tokens"]
 
 
-@pytest.mark.slow
 def _shm_buffers() -> set[str]:
     shm = Path("/dev/shm")
     return {p.name for p in shm.glob("deepspeed_allreduce_buffer_*")} if shm.is_dir() else set()
 
 
+@pytest.mark.slow
 def test_world_size_2_matches_world_size_1(run_a, project: Project):
     params = project.params("w2", world_size=2, deepspeed_config=str(project.ds2))
     before = _shm_buffers()
