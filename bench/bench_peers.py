@@ -15,7 +15,7 @@ cosine floor, AdamW betas, clipping), ``--sft-steps`` optimizer steps:
   torchrun`` (DeepSpeed ZeRO-2, step-0 and final evaluation, a checkpoint, the ``final/`` export), read back
   from its ``metrics.jsonl``;
 - ``trl``: ``trl.SFTTrainer`` on the *same tokenised examples* (``input_ids`` + ``assistant_masks``, so the
-  loss-bearing tokens are the same), ``packing=True`` (TRL's ``bfd``, padding-free) when ``sft_run.packing``,
+  loss-bearing tokens are the same), ``packing=True`` (TRL's ``bfd``, padding-free) when ``sft.batching`` is ``packed`` (the benchmark sets it),
   ``max_length``, ``per_device_train_batch_size``/``gradient_accumulation_steps`` from the DeepSpeed JSON,
   TRL's own AdamW (same betas, weight decay, clipping), ``use_cpu=True``; the lr of every step is our
   :func:`~mimesis_lab.train.schedule.lr_at` (a ``LambdaLR`` in ``create_scheduler``; ``--trl-schedule hf`` uses
@@ -67,7 +67,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -148,7 +148,8 @@ def prepare(work: Path, args) -> dict[str, Any]:
     raw["sft"].update(train=str(data / "train.parquet"), val=str(data / "val.parquet"), init_from="model",
                       deepspeed_config=str(ROOT / raw["sft"].get("deepspeed_config", "configs/tiny/ds_zero2.json")),
                       output_dir=str(work / "out" / "ours_sft"), max_steps=args.sft_steps, launcher="torchrun",
-                      world_size=1, resume="never", eval_every=10**6, save_every=10**6)
+                      world_size=1, resume="never", eval_every=10**6, save_every=10**6,
+                      batching="packed")   # packed rows on both sides (TRL: packing, bfd)
     raw["sim_rl"].update(deepspeed_config=str(ROOT / raw["sim_rl"]["deepspeed_config"]), world_size=1,
                          steps=args.grpo_steps)
     params_path = work / "params.yaml"
@@ -247,7 +248,7 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
     train_ds = Dataset.from_dict({"input_ids": [list(ids) for ids, _ in kept],
                                   "assistant_masks": [list(m) for _, m in kept]})
     val_rows, _ = build_rows(tok, read_conversations(cfg.val, expand=False, seed=cfg.seed), train_role=cfg.train_role,
-                             max_len=cfg.max_len, overlong=cfg.overlong, packing=cfg.packing)
+                             max_len=cfg.max_len, overlong=cfg.overlong, batching=cfg.batching)
 
     torch.manual_seed(cfg.seed)
     model = build_or_load(params.model, tok)
@@ -258,7 +259,7 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
         lr_scheduler_kwargs={"min_lr_rate": cfg.min_lr_ratio}, warmup_steps=cfg.warmup_ratio,
         weight_decay=cfg.weight_decay, adam_beta1=cfg.beta1, adam_beta2=cfg.beta2,
         max_grad_norm=float(ds.get("gradient_clipping", 0.0)) or 1e9, max_length=cfg.max_len,
-        packing=cfg.packing, packing_strategy="bfd", use_cpu=True, report_to="none", logging_steps=1,
+        packing=cfg.batching == "packed", packing_strategy="bfd", use_cpu=True, report_to="none", logging_steps=1,
         save_strategy="no", eval_strategy="no", seed=cfg.seed, dataloader_num_workers=0, bf16=False, fp16=False,
         disable_tqdm=True, dataset_num_proc=None)
 
@@ -503,47 +504,57 @@ def _order(repeat: int) -> list[tuple[str, int]]:
     return out
 
 
-def bench_sft(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, Any]:
+def _interleaved_runs(repeat: int, run_one: Callable[[str, int], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """``{"ours": [...], "trl": [...]}``: ``run_one(variant, i)`` for every repeat, in the interleaved order."""
     runs: dict[str, list[dict[str, Any]]] = {"ours": [None] * repeat, "trl": [None] * repeat}
     for v, i in _order(repeat):
+        runs[v][i] = run_one(v, i)
+    return runs
+
+
+def _compare(runs: dict[str, list[dict[str, Any]]], ratios: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The runs, the ratios and each side's median [min–max] of ``keys``."""
+    return {"runs": runs, "ratios_ours_over_trl": ratios,
+            **{side: {k: _summary([r[k] for r in runs[side]]) for k in keys} for side in ("ours", "trl")}}
+
+
+def bench_sft(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, Any]:
+    def run_one(v: str, i: int) -> dict[str, Any]:
         if v == "ours":
             r = run_ours_sft(spec, i)
         else:
             r, wall = run_worker("trl_sft", spec_path, spec, i)
             r["wall_s"] = wall
-        runs[v][i] = r
         print(f"  sft {v:>4} run {i}: {r['target_tokens_per_s']:.0f} target tok/s, final val loss "
               f"{r['final_val_loss']:.4f}, wall {r['wall_s']:.1f} s", flush=True)
+        return r
+
+    runs = _interleaved_runs(repeat, run_one)
     o, t = runs["ours"], runs["trl"]
     ratios = {
         "target_tokens_per_s": _summary([a["target_tokens_per_s"] / b["target_tokens_per_s"] for a, b in zip(o, t)]),
         "end_to_end_wall": _summary([b["wall_s"] / a["wall_s"] for a, b in zip(o, t)]),
     }
-    return {"runs": runs, "ratios_ours_over_trl": ratios,
-            "ours": {k: _summary([r[k] for r in o]) for k in ("target_tokens_per_s", "final_val_loss", "wall_s",
-                                                             "initial_val_loss", "step_time_s_median")},
-            "trl": {k: _summary([r[k] for r in t]) for k in ("target_tokens_per_s", "final_val_loss", "wall_s",
-                                                            "initial_val_loss", "step_time_s_median")}}
+    return _compare(runs, ratios, ("target_tokens_per_s", "final_val_loss", "wall_s", "initial_val_loss",
+                                   "step_time_s_median"))
 
 
 def bench_grpo(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {"ours": [None] * repeat, "trl": [None] * repeat}
-    for v, i in _order(repeat):
+    def run_one(v: str, i: int) -> dict[str, Any]:
         res, wall = run_worker(f"{v}_grpo", spec_path, spec, i)
         r = _grpo_summary(res, wall)
-        runs[v][i] = r
         print(f"  grpo {v:>4} run {i}: {r['s_per_opt_step']:.2f} s/opt step, {r['gen_tokens_per_s']:.0f} gen tok/s, "
               f"wall {wall:.1f} s", flush=True)
+        return r
+
+    runs = _interleaved_runs(repeat, run_one)
     o, t = runs["ours"], runs["trl"]
     ratios = {
         "opt_step_speed": _summary([b["s_per_opt_step"] / a["s_per_opt_step"] for a, b in zip(o, t)]),
         "gen_tokens_per_s": _summary([a["gen_tokens_per_s"] / b["gen_tokens_per_s"] for a, b in zip(o, t)]),
         "end_to_end_wall": _summary([b["wall_s"] / a["wall_s"] for a, b in zip(o, t)]),
     }
-    keys = ("s_per_opt_step", "gen_tokens_per_s", "wall_s", "setup_s", "gen_share")
-    return {"runs": runs, "ratios_ours_over_trl": ratios,
-            "ours": {k: _summary([r[k] for r in o]) for k in keys},
-            "trl": {k: _summary([r[k] for r in t]) for k in keys}}
+    return _compare(runs, ratios, ("s_per_opt_step", "gen_tokens_per_s", "wall_s", "setup_s", "gen_share"))
 
 
 def main() -> None:
@@ -609,12 +620,12 @@ def main() -> None:
     if args.only in (None, "sft"):
         ds = json.loads(Path(p.sft.deepspeed_config).read_text(encoding="utf-8"))
         result["sft_settings"] = {"steps": args.sft_steps, "warmup_steps_excluded": args.warmup_steps,
-                                  "max_len": p.sft.max_len, "packing": p.sft.packing, "lr": p.sft.lr,
+                                  "max_len": p.sft.max_len, "batching": p.sft.batching, "lr": p.sft.lr,
                                   "warmup_ratio": p.sft.warmup_ratio, "min_lr_ratio": p.sft.min_lr_ratio,
                                   "micro_batch": ds["train_micro_batch_size_per_gpu"],
                                   "global_batch_rows": ds["train_batch_size"], "loss_rel_tol": args.loss_tol,
                                   "trl_schedule": args.trl_schedule}
-        print(f"SFT: {args.sft_steps} steps, max_len {p.sft.max_len}, packing {p.sft.packing}, "
+        print(f"SFT: {args.sft_steps} steps, max_len {p.sft.max_len}, batching {p.sft.batching}, "
               f"batch {ds['train_batch_size']} rows, lr {p.sft.lr}", flush=True)
         sft = bench_sft(spec, spec_path, args.repeat)
         o, t = sft["ours"]["final_val_loss"]["median"], sft["trl"]["final_val_loss"]["median"]

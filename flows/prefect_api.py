@@ -31,7 +31,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from mimesis_lab.tracking import process_alive, process_identity
+from mimesis_lab.train.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IDLE_S = 120.0
@@ -75,12 +75,6 @@ def _healthy(api_url: str, timeout_s: float = 3.0) -> bool:
             return r.status == 200
     except Exception:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _live_state(home: Path) -> dict:
@@ -132,7 +126,7 @@ def _start(home: Path, idle_s: float) -> dict:
     """Start the supervisor (which starts the server) and wait until the API answers."""
     d = server_dir(home)
     log = d / "server.log"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "")
                                                                                  .split(os.pathsep))]))}

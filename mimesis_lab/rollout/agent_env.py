@@ -73,7 +73,7 @@ def start_user_side(user_cfg: Any, max_episodes: int):
     else:
         upstream, model = user_cfg.openai.base_url, user_cfg.openai.model
     shim = PrivilegedShim(upstream, timeout_s=user_cfg.timeout_s, max_episodes=max(1024, max_episodes),
-                          format_retries=getattr(user_cfg, "format_retries", 0))
+                          format_retries=user_cfg.format_retries)
     shim.start()
     return server, shim, model
 

@@ -377,11 +377,11 @@ class PrivilegedShim(BackgroundHTTPServer):
             except HTTPError:
                 self._count("upstream_errors")
                 raise
-            if k == self.format_retries or split_reasoning(data["choices"][0]["message"]["content"])[2]:
+            well_formed = split_reasoning(data["choices"][0]["message"]["content"])[2]
+            if well_formed or k == self.format_retries:
                 if k:
                     self._count("format_resamples", k)
-                    if split_reasoning(data["choices"][0]["message"]["content"])[2]:
-                        self._count("format_recovered")
+                    self._count("format_recovered", int(well_formed))
                 return data
         raise AssertionError("unreachable")
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from mimesis_lab.train.launch import free_port
 
 __all__ = ["TrainConfigError", "dist_init", "say", "all_reduce", "gather", "load_ds_config", "param_groups",
            "make_engine", "set_lr", "require_model_folder", "job_main"]
@@ -111,18 +112,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _standalone_env() -> None:
     if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def job_main(run: Callable[[str, Any], Any], phases: Sequence[str], prog: str, description: str,
