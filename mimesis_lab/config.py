@@ -334,9 +334,9 @@ class RLPhaseParams(Section):
     prompts_per_step: int = Field(gt=0, description="Task rows sampled per step (groups).")
     rollouts_per_prompt: int = Field(ge=2, description="Rollouts per task row (group size).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch's segments split evenly).")
-    micro_rows: int = Field(8, ge=1, description="Rows (simulator segments or agent trajectories) per "
-                            "forward/backward (gradient accumulation inside a minibatch).")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch's rows split evenly).")
+    micro_rows: int = Field(8, ge=1, description="Rows (simulator rollouts or segments, see sim_rl.encode; agent "
+                            "trajectories) per forward/backward (gradient accumulation inside a minibatch).")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
     adv_eps: float = Field(1e-6, gt=0, description="Group-normalisation epsilon in (r - mean)/(std + eps).")
     lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
@@ -369,6 +369,10 @@ class SimRLParams(RLPhaseParams):
     invalid_policy: Literal["exclude", "zero"] = Field(
         "exclude", description="`exclude`: invalid rollouts leave the group statistics (counted per reason); "
         "`zero`: the reference behaviour, an invalid rollout scores 0 and stays in the group.")
+    encode: Literal["trajectory", "turn"] = Field(
+        "trajectory", description="Update rows: `trajectory`, one prefix-tree row per rollout (history tokens "
+        "shared by its turns encoded once, a 4D attention mask; needs sdpa or eager attention); `turn`, one row "
+        "per simulator turn (its whole prompt re-encoded). Same loss and gradient; bench/bench_sim_update.py.")
     output_dir: str = Field("models/sim_rl", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
     save_rollouts: bool = Field(True, description="Write every episode (public/private log, score, validity) to "
                                 "output_dir/rollouts.jsonl.")

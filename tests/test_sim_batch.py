@@ -36,17 +36,21 @@ def batch():
 
 
 def test_exclude_policy_hand_computed():
-    rows, stats = build_update_rows(batch(), "exclude")
+    rows, stats = build_update_rows(batch(), "exclude", encode="turn")
     # unique rollouts A=1, B=0: mean 0.5, sample std sqrt(0.5) -> A = +0.7071, B = -0.7071
     s = math.sqrt(0.5)
     assert [r.rollout_id for r in rows] == ["A", "A", "B"]
     assert [r.adv[0] for r in rows] == pytest.approx([0.5 / (s + 1e-6)] * 2 + [-0.5 / (s + 1e-6)])
-    assert stats["rollouts_in_update"] == 2 and stats["segments_in_update"] == 3
+    assert stats["rollouts_in_update"] == 2 and stats["segments_in_update"] == 3 and stats["rows_in_update"] == 3
+    # one row per rollout: the same segments and advantages, A's two turns in one prefix-tree row
+    rows, stats = build_update_rows(batch(), "exclude")
+    assert [r.rollout_id for r in rows] == ["A", "B"] and rows[0].adv == pytest.approx([0.5 / (s + 1e-6)] * 4)
+    assert stats["segments_in_update"] == 3 and stats["rows_in_update"] == 2 and stats["tokens_in_update"] == 6
 
 
 def test_segments_do_not_weigh_more():
     # A has 2 segments, B one: with per-segment statistics A would count twice (mean 2/3)
-    rows, _ = build_update_rows(batch()[:2], "exclude")
+    rows, _ = build_update_rows(batch()[:2], "exclude", encode="turn")
     assert rows[0].adv[0] == pytest.approx(-rows[2].adv[0])
 
 
@@ -97,7 +101,7 @@ def test_other_task_components_are_namespaced():
 
 
 def test_pad_update_rows_shifted_grid():
-    rows, _ = build_update_rows(batch()[:2])
+    rows, _ = build_update_rows(batch()[:2], encode="turn")
     b = pad_update_rows(rows, pad_id=0)
     assert b["input_ids"].shape == (3, 5) and b["mask"].shape == (3, 4)
     # prompt of 3 tokens: response tokens at positions 3, 4 are predicted at 2, 3

@@ -145,7 +145,7 @@ def test_reasoning_only_reply_is_a_format_failure_not_invalid():
     assert out[1].ended_by_format_failure and out[1].raw == 0.5 and out[1].update_reward == 0.0
     from mimesis_lab.rl.sim_batch import build_update_rows, step_metrics
 
-    rows, _ = build_update_rows(out)
-    assert len(rows) == 3 and all(set(r.adv) == {0.0} for r in rows)
+    rows, stats = build_update_rows(out)      # one row per rollout, its segments in it
+    assert stats["segments_in_update"] == 3 and len(rows) == 2 and all(set(r.adv) == {0.0} for r in rows)
     m = step_metrics(out)
     assert m["rollouts_valid"] == 2 and m["reward/raw_mean"] == 0.5 and m["reward/update_mean"] == 0.0

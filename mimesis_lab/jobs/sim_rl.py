@@ -16,9 +16,10 @@ One step, top to bottom in :func:`train_sim_rl`:
    with them before the step), one batched generation call per round over every unfinished episode.
 3. **Judge** and account: invalid rollouts are counted per reason; format failures give update
    reward 0 while the raw score is logged.
-4. **FoldGRPO** advantages per segment (:func:`~mimesis_lab.rl.sim_batch.build_update_rows`) and the
-   **PPO-clip** update (:func:`~mimesis_lab.rl.ppo.ppo_update`). ``old_logp`` = the rollout's
-   log-probs. No KL term (as the paper).
+4. **FoldGRPO** advantages per segment (:func:`~mimesis_lab.rl.sim_batch.build_update_rows`; with
+   ``encode: trajectory`` a rollout's segments are one prefix-tree row, each shared history token
+   encoded once) and the **PPO-clip** update (:func:`~mimesis_lab.rl.ppo.ppo_update`). ``old_logp`` =
+   the rollout's log-probs. No KL term (as the paper).
 5. **Log** per-step metrics to ``metrics.jsonl`` and MLflow, every episode to ``rollouts.jsonl``.
 """
 from __future__ import annotations
@@ -114,7 +115,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
             t_roll = time.perf_counter() - t0
             # 3. judge; 4. FoldGRPO rows and the PPO-clip update
             judged = score_rollouts(rollouts, episodes, judge)      # judge/* counts: failures by reason, retries
-            rows, bstats = build_update_rows(rollouts, cfg.invalid_policy, cfg.adv_eps)
+            rows, bstats = build_update_rows(rollouts, cfg.invalid_policy, cfg.adv_eps, cfg.encode)
             upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
             # 5. metrics (rank 0 sees every rank's rollouts)
             all_rollouts = [r for part in gather(rollouts) for r in part]

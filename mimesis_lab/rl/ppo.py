@@ -5,9 +5,11 @@ term added, so that its loss is visible in one place.
 Loss = the token mean of :func:`mimesis_lab.rl.losses.ppo_clip_loss` over the minibatch's trained
 tokens on *all* ranks: each micro-chunk's loss is weighted ``n_chunk / N * world`` and DeepSpeed
 averages gradients over ranks (÷ world), so the gradient is that of the global token mean whatever
-the world size or chunking. The recipe owns the accumulation boundary (``engine.step()`` once per
-minibatch; the DeepSpeed JSON sets ``managed_gradient_accumulation: false``). A rank with fewer
-chunks runs zero-weight passes so the collectives stay in step.
+the world size or chunking, and whatever a row holds (a simulator segment, a whole simulator
+rollout as a prefix-tree row with its 4D mask and position ids, an agent trajectory). The recipe
+owns the accumulation boundary (``engine.step()`` once per minibatch; the DeepSpeed JSON sets
+``managed_gradient_accumulation: false``). A rank with fewer chunks runs zero-weight passes so the
+collectives stay in step.
 """
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, 
             for k in range(n_micro):
                 if k < len(chunks):
                     b = pad_update_rows([rows[i] for i in chunks[k]], pad_id, engine.device)
-                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], b.get("position_ids"))
                     loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
                     stats.add(loss, logp, b, cfg.clip_eps, first)
                     engine.backward(loss * (float(b["mask"].sum()) / n_tok) * world, scale_wrt_gas=False)

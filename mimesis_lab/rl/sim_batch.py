@@ -3,7 +3,11 @@
 Pure functions (no torch, no I/O):
 
 - :func:`build_update_rows` — FoldGRPO over the step's rollouts: one advantage per segment,
-  group statistics over *unique* rollouts, broadcast onto the segment's generated tokens.
+  group statistics over *unique* rollouts, broadcast onto the segment's generated tokens; the
+  segments of a rollout are encoded as one prefix-tree row (``encode="trajectory"``,
+  :func:`~mimesis_lab.rl.policy.trajectory_row`: each shared history token once) or one row each
+  (``"turn"``, :func:`~mimesis_lab.rl.policy.segment_row`: every turn re-encodes its history) —
+  the same trained tokens, log-probs and advantages either way.
   Validity is part of the objective and explicit: with ``invalid_policy="exclude"`` an
   invalid rollout leaves the group statistics and the update (counted per reason); with
   ``"zero"`` (the reference behaviour, for comparison) it scores 0, stays in its group and
@@ -22,7 +26,7 @@ from typing import Iterable, Sequence
 
 from mimesis_lab.envs.base import INVALID_REASONS
 from mimesis_lab.rl.advantages import fold_grpo
-from mimesis_lab.rl.policy import UpdateRow, segment_row
+from mimesis_lab.rl.policy import UpdateRow, segment_row, trajectory_row
 from mimesis_lab.rollout.sim_rollout import Rollout
 
 BEHAVIOR_TASK = "usersim_behavior"
@@ -34,9 +38,10 @@ class AccountingError(AssertionError):
     """Rollouts went missing between generation and the update (a bug, never tolerated)."""
 
 
-def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclude",
-                      eps: float = 1e-6) -> tuple[list[UpdateRow], dict[str, float]]:
-    """FoldGRPO rows of one step. Returns ``(rows, stats)``.
+def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclude", eps: float = 1e-6,
+                      encode: str = "trajectory") -> tuple[list[UpdateRow], dict[str, float]]:
+    """FoldGRPO rows of one step. Returns ``(rows, stats)``: one row per rollout with a generated
+    segment (``encode="trajectory"``) or one per segment (``"turn"``).
 
     Each included rollout ``j`` contributes its segments with score ``R_j`` = the update reward
     (raw judged score, 0 after a format failure; with ``invalid_policy="zero"`` an invalid
@@ -47,6 +52,8 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
     """
     if invalid_policy not in ("exclude", "zero"):
         raise ValueError(f"invalid_policy must be 'exclude' or 'zero', got {invalid_policy!r}")
+    if encode not in ("trajectory", "turn"):
+        raise ValueError(f"encode must be 'trajectory' or 'turn', got {encode!r}")
     scores: list[float] = []
     groups: list[str] = []
     rids: list[str] = []
@@ -69,7 +76,7 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
             rids.append(r.rollout_id)
             owners.append(None if k is None else (i, k))
     adv = fold_grpo(scores, groups, rids, eps=eps) if scores else []
-    rows: list[UpdateRow] = []
+    turns: dict[int, list[UpdateRow]] = defaultdict(list)      # rollout index -> its segment rows, in order
     for a, own in zip(adv, owners):
         if own is None:
             continue
@@ -78,7 +85,10 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
         if len(seg.logprobs) != len(seg.token_ids):
             raise AccountingError(f"rollout {r.rollout_id}: {len(seg.token_ids)} tokens but "
                                   f"{len(seg.logprobs)} log-probs")
-        rows.append(segment_row(seg.prompt_ids, seg.token_ids, seg.logprobs, float(a), r.group_id, r.rollout_id))
+        turns[own[0]].append(segment_row(seg.prompt_ids, seg.token_ids, seg.logprobs, float(a), r.group_id,
+                                         r.rollout_id))
+    segments = [t for ts in turns.values() for t in ts]
+    rows = segments if encode == "turn" else [trajectory_row(ts) for ts in turns.values()]
     per_group: dict[str, set[float]] = defaultdict(set)
     members: dict[str, set[str]] = defaultdict(set)
     for s, g, rid in zip(scores, groups, rids):
@@ -86,12 +96,14 @@ def build_update_rows(rollouts: Sequence[Rollout], invalid_policy: str = "exclud
         members[g].add(rid)
     stats = {
         "rollouts_in_update": float(included),
-        "segments_in_update": float(len(rows)),
+        "segments_in_update": float(len(segments)),
+        "rows_in_update": float(len(rows)),
         "tokens_in_update": float(sum(r.n_response for r in rows)),
+        "tokens_encoded": float(sum(len(r.input_ids) for r in rows)),
         "groups": float(len(per_group)),
         "groups_single_rollout": float(sum(len(m) == 1 for m in members.values())),
         "groups_zero_variance": float(sum(len(v) == 1 for v in per_group.values())),
-        "adv_abs_mean": (sum(abs(r.adv[0]) for r in rows) / len(rows)) if rows else 0.0,   # one advantage per segment
+        "adv_abs_mean": (sum(abs(t.adv[0]) for t in segments) / len(segments)) if segments else 0.0,
     }
     return rows, stats
 
