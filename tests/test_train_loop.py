@@ -307,6 +307,10 @@ def test_world_size_1_reduces_loss_and_exports(run_a, project: Project):
     assert 0 < summary["packing_efficiency"] <= 1
     evals = _records(out, "eval")
     assert [e["step"] for e in evals] == list(range(0, TOTAL + 1, 20))
+    # where the job's time went, from its process start (the fixed costs of a short run)
+    phases = _records(out, "final")[-1]["phases_s"]
+    assert {"startup", "dist_init", "engine", "eval", "steps", "checkpoint", "export"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and phases["steps"] > phases["export"]
     # checkpoints: keep_last = 2, each with its logged sha256
     kept = list_checkpoints(out / "checkpoints")
     assert [s for s, _ in kept] == [TOTAL - 20, TOTAL]
