@@ -36,9 +36,9 @@ import torch
 
 from mimesis_lab.packing import collate, masked_token_ce_sum
 from mimesis_lab.progress import Progress
-from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, clear_outputs, drop_checkpoints_after,
-                                          export_final, load_resume_checkpoint, relative_path, resume_point,
-                                          run_fingerprint, save_checkpoint, tag_for)
+from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, checkpoint_at, clear_outputs,
+                                          drop_checkpoints_after, export_final, final_checkpoint,
+                                          load_resume_checkpoint, resume_point, run_fingerprint, save_checkpoint)
 from mimesis_lab.train.data import (DataPlan, batch_efficiency, batch_units, eval_batches, load_rows,
                                     resolve_batching, target_count)
 from mimesis_lab.train.metrics_log import MetricsLog, PhaseClock
@@ -241,18 +241,19 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
             clock.lap("steps")
             if step % cfg.eval_every == 0 or step == total:
                 evaluate_now(step)
-            if step % cfg.save_every == 0 or step == total:
+            if step % cfg.save_every == 0:
                 save_now(step)
         if state["last_val_step"] != total:
             evaluate_now(total)
-        if not (ckpt_root / tag_for(total) / MARKER).is_file():
+        source = final_checkpoint(engine, ckpt_root, total)     # None: the engine holds the final weights
+        if source is not None and not (source / MARKER).is_file():
             save_now(total)
 
         # -- export --------------------------------------------------------------------------------
         summary = None
         if rank == 0:
             final = out_dir / "final"
-            export_final(engine, tokenizer, ckpt_root, tag_for(total), final)
+            export_final(engine, tokenizer, source, final)
             clock.lap("export")
             summary = {
                 "phase": phase, "steps": total, "world_size": world, "zero_stage": zero_stage,
@@ -268,7 +269,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                 "examples_dropped_overlong": train_stats["dropped_overlong"],
                 "examples_dropped_no_target": train_stats["dropped_no_target"],
                 "tokenize_errors": train_stats["tokenize_errors"], "val": val_stats,
-                "checkpoint": relative_path(ckpt_root / tag_for(total)),
+                "checkpoint": checkpoint_at(ckpt_root, total),
             }
             write_summary(final, summary)
             log.final(total, final, summary, time.time() - t_start, clock.seconds)
