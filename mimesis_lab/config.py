@@ -306,6 +306,8 @@ class TrainParams(Section):
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
     eval_every: int = Field(20, gt=0, description="Validation loss every N optimizer steps (and at the end).")
+    initial_eval: bool = Field(True, description="Validation loss before the first step too: the summary's "
+                               "initial_val_loss (the midtrain loss effect reads it); false saves one evaluation.")
     save_every: int = Field(20, gt=0, description="Checkpoint every N optimizer steps (the last step too where the "
                             "export reads its checkpoint: ZeRO-3 or bf16/fp16; else `final/` is written from the "
                             "engine).")

@@ -531,13 +531,14 @@ def test_resume_at_epoch_boundary_trains_exactly_the_remaining_steps(run_a, proj
 def test_a_finished_run_off_the_save_cadence_resumes_from_its_last_checkpoint(project: Project):
     """ZeRO-2 in fp32: the export is written from the engine, so the last step gets no checkpoint of its own
     off the `save_every` cadence (5 steps, save_every 2: checkpoints 2 and 4). `resume: auto` of the finished
-    run trains step 5 again from step 4 and exports the same bits."""
-    params = project.params("o", max_steps=5, save_every=2, eval_every=1000, launcher="torchrun")
+    run trains step 5 again from step 4 and exports the same bits. `initial_eval: false`: no step-0 evaluation."""
+    params = project.params("o", max_steps=5, save_every=2, eval_every=1000, initial_eval=False, launcher="torchrun")
     out = project.out("o")
     launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
     assert [s for s, _ in list_checkpoints(out / "checkpoints", complete_only=False)] == [2, 4]
     summary = json.loads((out / "final" / "training_summary.json").read_text())
     assert summary["steps"] == 5 and summary["checkpoint"] is None
+    assert summary["initial_val_loss"] is None and [e["step"] for e in _records(out, "eval")] == [5]
     first = _weights(out)
     launch("midtrain", params, env=ENV, echo=False, timeout_s=300)          # resume: auto
     start = _records(out, "start")[-1]

@@ -180,7 +180,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
         def evaluate_now(step: int) -> None:
             val = evaluate(engine, val_rows, val_units, unit_micro, world, rank, cfg.max_len, pad_id, mask_mode,
                            dtype)
-            if state["initial_val_loss"] is None:
+            if step == 0:
                 state["initial_val_loss"] = val
             state["last_val_loss"], state["last_val_step"] = val, step
             log.write({"kind": "eval", "step": step, "val_loss": val}, {"val_loss": val})
@@ -195,7 +195,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
             clock.lap("checkpoint")
 
         # -- the loop ------------------------------------------------------------------------------
-        if state["step"] == 0 and state["last_val_step"] is None:
+        if cfg.initial_eval and state["step"] == 0 and state["last_val_step"] is None:
             evaluate_now(0)
         engine.train()
         step = state["step"]
