@@ -274,6 +274,21 @@ def test_resume_path_errors(tmp_path):
         resolve_resume(str(half), tmp_path / "ck", 1)
 
 
+def test_deepspeed_is_imported_without_mlflow():
+    """`dist_init` imports DeepSpeed with MLflow skipped (DeepSpeed imports it only for its autotuner, 1-2 s
+    of every job's start); MLflow imports as usual afterwards (the metrics log's MLflow run)."""
+    code = ("import sys\n"
+            "from mimesis_lab.train.runtime import UNUSED_BY_DEEPSPEED, imports_skipped\n"
+            "with imports_skipped(UNUSED_BY_DEEPSPEED):\n"
+            "    import deepspeed\n"
+            "assert 'deepspeed.autotuning' in sys.modules and 'mlflow' not in sys.modules, 'mlflow imported'\n"
+            "import mlflow\n"
+            "print(mlflow.__name__)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=job_env(1, ENV), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "mlflow", res.stderr[-3000:]
+
+
 def test_launch_command_lines():
     ds = build_command("sft", "p.yaml", 2, "deepspeed", 29555)
     assert ds[-6:] == ["--module", "mimesis_lab.jobs.sft", "--phase", "sft", "--params", "p.yaml"]
