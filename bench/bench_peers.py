@@ -12,8 +12,9 @@ project folder with a generated params file; each variant is its own process (sa
 cosine floor, AdamW betas, clipping), ``--sft-steps`` optimizer steps:
 
 - ``ours``: the real job, ``python -m mimesis_lab.train.launch --phase sft --params <generated> --launcher
-  torchrun`` (DeepSpeed ZeRO-2, step-0 and final evaluation, a checkpoint, the ``final/`` export), read back
-  from its ``metrics.jsonl``;
+  torchrun`` (DeepSpeed ZeRO-2, step-0 and final evaluation, the ``final/`` export; ``--ours-start direct``:
+  ``python -m mimesis_lab.jobs.sft --phase sft --params <generated>``, the documented world-size-1 start
+  without a launcher), read back from its ``metrics.jsonl``;
 - ``trl``: ``trl.SFTTrainer`` on the *same tokenised examples* (``input_ids`` + ``assistant_masks``, so the
   loss-bearing tokens are the same), ``packing=True`` (TRL's ``bfd``, padding-free) when ``sft.batching`` is ``packed`` (the benchmark sets it),
   ``max_length``, ``per_device_train_batch_size``/``gradient_accumulation_steps`` from the DeepSpeed JSON,
@@ -55,7 +56,8 @@ faster) are given as median [min–max] over the repeats, pairing run ``i`` of e
 JSON (``--out``)::
 
     pip install -c requirements.lock -e ".[bench]"      # TRL, benchmark-only
-    python bench/bench_peers.py [--repeat 3] [--sft-steps 22] [--grpo-steps 4] [--only sft|grpo] [--out f.json]
+    python bench/bench_peers.py [--repeat 3] [--sft-steps 22] [--ours-start torchrun|direct] [--grpo-steps 4]
+                                [--only sft|grpo] [--out f.json]
 
 Not a test; on a busy machine every figure is noisy (say so when quoting them).
 """
@@ -162,10 +164,15 @@ def prepare(work: Path, args) -> dict[str, Any]:
     return {"work": str(work), "params": str(params_path), "tokenizer": str(tok_dir), "prompts": prompts,
             "threads": args.threads, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
             "warmup_steps": args.warmup_steps, "vocab_size": len(tok), "trl_schedule": args.trl_schedule,
+            "ours_start": args.ours_start,
             "train_chats": len(train), "val_chats": len(val), "max_len": p.sft.max_len}
 
 
 # -- SFT: our job -------------------------------------------------------------------------------------------------
+
+#: How the ``ours`` SFT job starts (``--ours-start``): the launcher the pipeline uses, or the job module itself.
+OURS_START = {"torchrun": ["mimesis_lab.train.launch", "--launcher", "torchrun"], "direct": ["mimesis_lab.jobs.sft"]}
+
 
 def run_ours_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
     import yaml
@@ -176,8 +183,7 @@ def run_ours_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
     raw["sft"]["output_dir"] = str(out_dir)
     params_path = work / f"params_ours_sft_{i}.yaml"
     params_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "mimesis_lab.train.launch", "--phase", "sft", "--params", str(params_path),
-           "--launcher", "torchrun"]
+    cmd = [sys.executable, "-m", *OURS_START[spec["ours_start"]], "--phase", "sft", "--params", str(params_path)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, env=_child_env(spec["threads"]), capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -585,6 +591,8 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=22)
     ap.add_argument("--grpo-steps", type=int, default=4, help="RL steps per GRPO run (the first is warm-up)")
     ap.add_argument("--warmup-steps", type=int, default=2, help="SFT steps left out of the steady-state rate")
+    ap.add_argument("--ours-start", choices=sorted(OURS_START), default="torchrun",
+                    help="our SFT job under the launcher (torchrun, as the pipeline) or started directly")
     ap.add_argument("--val-records", type=int, default=6)
     ap.add_argument("--loss-tol", type=float, default=0.02, help="relative tolerance of the final val loss")
     ap.add_argument("--trl-schedule", choices=["ours", "hf"], default="ours",
@@ -646,9 +654,9 @@ def main() -> None:
                                   "warmup_ratio": p.sft.warmup_ratio, "min_lr_ratio": p.sft.min_lr_ratio,
                                   "micro_batch": ds["train_micro_batch_size_per_gpu"],
                                   "global_batch_rows": ds["train_batch_size"], "loss_rel_tol": args.loss_tol,
-                                  "trl_schedule": args.trl_schedule}
+                                  "trl_schedule": args.trl_schedule, "ours_start": args.ours_start}
         print(f"SFT: {args.sft_steps} steps, max_len {p.sft.max_len}, batching {p.sft.batching}, "
-              f"batch {ds['train_batch_size']} rows, lr {p.sft.lr}", flush=True)
+              f"batch {ds['train_batch_size']} rows, lr {p.sft.lr}; ours started by {args.ours_start}", flush=True)
         sft = bench_sft(spec, spec_path, args.repeat)
         o, t = sft["ours"]["final_val_loss"]["median"], sft["trl"]["final_val_loss"]["median"]
         sft["loss_agreement"] = {"ours_final_val_loss": o, "trl_final_val_loss": t,
