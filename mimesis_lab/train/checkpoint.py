@@ -14,7 +14,7 @@ follow too). After a change of settings, data or code it starts fresh (a fresh s
 output folder's old checkpoints, metrics and export). An explicit ``resume: <path>`` always resumes.
 
 The export (:func:`export_final`) writes the fp32 weights into ``output_dir/final`` (``save_pretrained`` +
-tokenizer). Where the engine's module holds them in full (:func:`exports_from_engine`: ZeRO ≤ 2 trained in
+tokenizer). Where the engine's module holds them in full (:func:`exports_from_engine`: ZeRO-1/2 trained in
 fp32 — each rank holds every parameter, and the optimizer copies its fp32 master values back after every
 step — or stage 0) they are the module's state dict and the export needs no checkpoint; otherwise (ZeRO-3,
 bf16/fp16 master weights) ``zero_to_fp32`` consolidates them from the last step's checkpoint. The two
@@ -241,9 +241,9 @@ def checkpoint_at(ckpt_root: Path, step: int) -> str | None:
 
 
 def exports_from_engine(engine) -> bool:
-    """Whether ``engine.module`` holds the trained fp32 weights in full on this rank: ZeRO stage 0, or
-    ZeRO-1/2 without bf16/fp16 (the module's parameters are the fp32 values the optimizer copies back after
-    every step, all-gathered to every rank). Then :func:`export_final` needs no checkpoint."""
+    """Whether :func:`export_final` takes the weights from ``engine.module`` (no checkpoint needed): ZeRO-1/2
+    without bf16/fp16, where the module's parameters are the fp32 values the optimizer copies back after every
+    step, all-gathered to every rank; and stage 0, whose module is what the optimizer steps (cast to fp32)."""
     stage = engine.zero_optimization_stage()
     return stage == 0 or (stage <= 2 and not (engine.bfloat16_enabled() or engine.fp16_enabled()))
 
