@@ -304,6 +304,15 @@ def test_launch_command_lines():
     assert int(env["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) // 2)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert job_env(1, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    # under torchrun the ranks pick the accelerator: the launching process does not import torch for it
+    code = ("import os, sys\n"
+            "os.environ.pop('DS_ACCELERATOR', None)\n"
+            "from mimesis_lab.train.launch import job_env\n"
+            "env = job_env(1, None, 'torchrun')\n"
+            "print('DS_ACCELERATOR' in env, 'torch' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["False", "False"], res.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------- the export, both ways
