@@ -1,4 +1,5 @@
-"""Benchmark (not a test): throughput of the ``role_swap`` + ``thoughttrace`` stages.
+"""Benchmark (not a test): throughput of the ``role_swap`` + ``thoughttrace`` stages, against a per-row
+baseline and against the raw JSON read of the same bytes.
 
 Scales the bundled fixtures up to N conversations per dataset (default 100,000, unique
 ids), then runs, each in a fresh subprocess so peak RSS is its own:
@@ -7,13 +8,26 @@ ids), then runs, each in a fresh subprocess so peak RSS is its own:
   + parquet write), i.e. ``stages.role_swap.run_role_swap`` / ``stages.thoughttrace``;
 - ``per_row``: a per-row pure-Python implementation of the same work (``json.loads``,
   hand-written field checks, :func:`mimesis_lab.chat.role_swap` /
-  :func:`mimesis_lab.thoughttrace.format_conversation`, list of dicts -> parquet),
-  measured in the same run as the baseline.
+  :func:`mimesis_lab.thoughttrace.format_conversation`, list of dicts -> parquet), the baseline;
+- ``arrow_read`` / ``polars_read``: only reading the same input file into a table, with
+  ``pyarrow.json.read_json`` (schema inferred, blocks as large as the longest line needs) and
+  ``polars.read_ndjson``: no checks, no transform, no write. The faster of the two in each repeat is
+  the *raw read* of the file on this machine; a stage's throughput is reported as a share of it
+  (raw-read seconds / stage seconds for the same bytes; target >= 50%);
+- ``schema_read``: ``pyarrow.json.read_json`` with the stage's own explicit Arrow schema (fields the stage
+  does not use are skipped, as the stage's reader does): the read the stage cannot avoid, so its share of
+  this one is the stage's efficiency net of reading. A stage can beat the raw read (share > 1) this way.
 
-Reports rows/s, the speed-up ratio and peak RSS, to stdout and
-``bench/results/data_stages.json``. Usage::
+Every repeat runs every variant of both stages once, in a rotated order (interleaved); each reports
+median [min–max] over ``--repeat`` runs of rows/s, MB/s of input and peak RSS, and the ratios are paired
+per repeat (``speedup`` = per-row seconds / vectorised seconds, ``share_of_raw_read`` = raw-read seconds
+/ vectorised seconds, ``share_of_schema_read`` likewise). Import time is not measured (each child imports
+polars, pyarrow, msgspec and the stage modules first). Prints and writes ``bench/results/data_stages.json``.
+Usage::
 
-    python bench/bench_data_stages.py [--n 100000] [--repeat 1]
+    python bench/bench_data_stages.py [--n 100000] [--repeat 3]
+
+On a shared machine every figure is noisy: read the spread.
 """
 from __future__ import annotations
 
@@ -21,6 +35,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,17 +172,74 @@ def _vectorised_thoughttrace(path: Path, out: Path) -> int:
     return r.rows_out
 
 
+# ---------------------------------------------------------------- raw reads (the limit)
+def _longest_line(path: Path) -> int:
+    with open(path, "rb") as f:
+        return max((len(line) for line in f), default=0)
+
+
+def _arrow_read(path: Path, out: Path) -> int:
+    import pyarrow.json as pa_json
+
+    opts = pa_json.ReadOptions(block_size=max(4 << 20, 2 * _longest_line(path) + 1))
+    return pa_json.read_json(path, read_options=opts).num_rows
+
+
+def _polars_read(path: Path, out: Path) -> int:
+    import polars as pl
+
+    return pl.read_ndjson(path).height
+
+
+def _schema_read(schema):
+    """The stage's own Arrow read of ``path`` (its explicit schema, other fields skipped)."""
+    def read(path: Path, out: Path) -> int:
+        import pyarrow.json as pa_json
+
+        opts = pa_json.ReadOptions(block_size=max(4 << 20, 2 * _longest_line(path) + 1))
+        parse = pa_json.ParseOptions(explicit_schema=schema(), unexpected_field_behavior="ignore")
+        return pa_json.read_json(path, read_options=opts, parse_options=parse).num_rows
+    return read
+
+
+def _role_swap_schema():
+    from stages.role_swap import ARROW_SCHEMA
+
+    return ARROW_SCHEMA
+
+
+def _thoughttrace_schema():
+    from stages.thoughttrace import ARROW_SCHEMA
+
+    return ARROW_SCHEMA
+
+
 IMPLS = {
     ("per_row", "role_swap"): _per_row_role_swap,
     ("per_row", "thoughttrace"): _per_row_thoughttrace,
     ("vectorised", "role_swap"): _vectorised_role_swap,
     ("vectorised", "thoughttrace"): _vectorised_thoughttrace,
+    ("arrow_read", "role_swap"): _arrow_read,
+    ("arrow_read", "thoughttrace"): _arrow_read,
+    ("polars_read", "role_swap"): _polars_read,
+    ("polars_read", "thoughttrace"): _polars_read,
+    ("schema_read", "role_swap"): _schema_read(_role_swap_schema),
+    ("schema_read", "thoughttrace"): _schema_read(_thoughttrace_schema),
 }
+VARIANTS = ("per_row", "vectorised", "arrow_read", "polars_read", "schema_read")
+STAGES = (("role_swap", "chats"), ("thoughttrace", "thoughttrace"))
 
 
 def _child(impl: str, stage: str, path: str, out: str) -> None:
     import msgspec  # noqa: F401  (import cost is not part of the measured work)
     import polars  # noqa: F401
+    import pyarrow.json  # noqa: F401
+
+    import mimesis_lab.chat  # noqa: F401
+    import mimesis_lab.thoughttrace  # noqa: F401
+    import stages.common  # noqa: F401
+    import stages.role_swap  # noqa: F401
+    import stages.thoughttrace  # noqa: F401
 
     fn = IMPLS[(impl, stage)]
     t0 = time.perf_counter()
@@ -184,10 +256,42 @@ def measure(impl: str, stage: str, path: Path, tmp: Path) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def rotated(items: tuple[str, ...], r: int) -> list[str]:
+    """``items`` starting at position ``r`` (mod len), reversed on odd repeats: each variant leads and
+    trails in turn."""
+    k = r % len(items)
+    out = list(items[k:] + items[:k])
+    return out[::-1] if r % 2 else out
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def fmt(d: dict[str, float], nd: int = 2, unit: str = "") -> str:
+    return f"{d['median']:.{nd}f}{unit} [{d['min']:.{nd}f}-{d['max']:.{nd}f}]"
+
+
+def stage_report(runs: dict[str, list[dict]], mb: float) -> dict:
+    """Per variant: rows/s, MB/s and peak RSS (median [min-max]); paired ratios per repeat."""
+    raw = [min(a["seconds"], p["seconds"]) for a, p in zip(runs["arrow_read"], runs["polars_read"])]
+    vec, per_row = ([r["seconds"] for r in runs[v]] for v in ("vectorised", "per_row"))
+    out = {v: {"rows": runs[v][0]["rows"], "rows_per_s": summary([r["rows"] / r["seconds"] for r in runs[v]]),
+               "mb_per_s": summary([mb / r["seconds"] for r in runs[v]]),
+               "peak_rss_mb": summary([r["peak_rss_mb"] for r in runs[v]]), "seconds": [r["seconds"] for r in runs[v]]}
+           for v in VARIANTS}
+    out["raw_read_mb_per_s"] = summary([mb / t for t in raw])
+    out["speedup"] = summary([b / a for a, b in zip(vec, per_row)])
+    out["share_of_raw_read"] = summary([t / a for a, t in zip(vec, raw)])
+    out["share_of_schema_read"] = summary([r["seconds"] / a for a, r in zip(vec, runs["schema_read"])])
+    out["per_row_share_of_raw_read"] = summary([t / b for b, t in zip(per_row, raw)])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000, help="conversations per dataset")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per implementation (best time kept)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every variant, interleaved")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -196,31 +300,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         files = scale_up(args.n, tmp)
-        sizes = {k: round(p.stat().st_size / 2**20, 1) for k, p in files.items()}
-        results: dict = {"n": args.n, "input_mb": sizes, "cpus": os.cpu_count(), "stages": {}}
-        for stage, key in (("role_swap", "chats"), ("thoughttrace", "thoughttrace")):
-            entry = {}
-            for impl in ("per_row", "vectorised"):
-                runs = [measure(impl, stage, files[key], tmp) for _ in range(args.repeat)]
-                best = min(runs, key=lambda r: r["seconds"])
-                best["rows_per_s"] = best["rows"] / best["seconds"]
-                entry[impl] = best
-            assert entry["per_row"]["rows"] == entry["vectorised"]["rows"], entry
-            entry["speedup"] = entry["vectorised"]["rows_per_s"] / entry["per_row"]["rows_per_s"]
-            entry["rss_ratio"] = entry["vectorised"]["peak_rss_mb"] / entry["per_row"]["peak_rss_mb"]
-            results["stages"][stage] = entry
-        tot = {impl: sum(results["stages"][s][impl]["seconds"] for s in results["stages"])
-               for impl in ("per_row", "vectorised")}
-        results["combined_speedup"] = tot["per_row"] / tot["vectorised"]
+        sizes = {k: p.stat().st_size / 2**20 for k, p in files.items()}
+        runs = {stage: {v: [] for v in VARIANTS} for stage, _ in STAGES}
+        for r in range(args.repeat):
+            for stage, key in STAGES:
+                for v in rotated(VARIANTS, r):
+                    runs[stage][v].append(measure(v, stage, files[key], tmp))
+        results: dict = {"command": "python bench/bench_data_stages.py " + " ".join(sys.argv[1:]), "n": args.n,
+                         "repeat": args.repeat, "order": "interleaved, rotated per repeat",
+                         "input_mb": {k: round(v, 1) for k, v in sizes.items()}, "cpus": os.cpu_count(),
+                         "load_avg_1m": os.getloadavg()[0], "stages": {}}
+        for stage, key in STAGES:
+            rows = {v: runs[stage][v][0]["rows"] for v in ("per_row", "vectorised")}
+            assert rows["per_row"] == rows["vectorised"], (stage, rows)
+            results["stages"][stage] = stage_report(runs[stage], sizes[key])
+        both = {v: [sum(runs[s][v][i]["seconds"] for s, _ in STAGES) for i in range(args.repeat)] for v in VARIANTS}
+        raw = [min(a, p) for a, p in zip(both["arrow_read"], both["polars_read"])]
+        results["combined"] = {"speedup": summary([b / a for a, b in zip(both["vectorised"], both["per_row"])]),
+                               "share_of_raw_read": summary([t / a for a, t in zip(both["vectorised"], raw)]),
+                               "share_of_schema_read": summary([t / a for a, t in zip(both["vectorised"],
+                                                                                       both["schema_read"])])}
     out = ROOT / "bench" / "results" / "data_stages.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"n={args.n} conversations per dataset, input MB {sizes}, {results['cpus']} CPUs")
+    print(f"n={args.n} conversations per dataset, input MB {results['input_mb']}, {results['cpus']} CPUs, "
+          f"{args.repeat} interleaved repeats, median [min-max] (1-min load average {results['load_avg_1m']:.1f})")
     for stage, e in results["stages"].items():
-        print(f"{stage:13s} per_row {e['per_row']['rows_per_s']:9.0f} rows/s "
-              f"(peak {e['per_row']['peak_rss_mb']:.0f} MB) | vectorised {e['vectorised']['rows_per_s']:9.0f} rows/s "
-              f"(peak {e['vectorised']['peak_rss_mb']:.0f} MB) | speed-up x{e['speedup']:.2f}, RSS ratio {e['rss_ratio']:.2f}")
-    print(f"combined role_swap+thoughttrace speed-up x{results['combined_speedup']:.2f} -> {out}")
+        print(f"{stage}: {e['vectorised']['rows']} rows; raw read {fmt(e['raw_read_mb_per_s'], 1, ' MB/s')}")
+        for v in VARIANTS:
+            print(f"  {v:12s} {fmt(e[v]['rows_per_s'], 0, ' rows/s'):>32} {fmt(e[v]['mb_per_s'], 1, ' MB/s'):>26} "
+                  f"peak {e[v]['peak_rss_mb']['median']:.0f} MB")
+        print(f"  vectorised / per_row x{fmt(e['speedup'])}; share of the raw read: vectorised "
+              f"{fmt(e['share_of_raw_read'])}, per_row {fmt(e['per_row_share_of_raw_read'])}; vectorised share of "
+              f"the schema read {fmt(e['share_of_schema_read'])}")
+    c = results["combined"]
+    print(f"combined role_swap+thoughttrace: vectorised / per_row x{fmt(c['speedup'])}, "
+          f"share of the raw read {fmt(c['share_of_raw_read'])}, of the schema read "
+          f"{fmt(c['share_of_schema_read'])} -> {out}")
 
 
 if __name__ == "__main__":

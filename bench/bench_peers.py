@@ -12,8 +12,9 @@ project folder with a generated params file; each variant is its own process (sa
 cosine floor, AdamW betas, clipping), ``--sft-steps`` optimizer steps:
 
 - ``ours``: the real job, ``python -m mimesis_lab.train.launch --phase sft --params <generated> --launcher
-  torchrun`` (DeepSpeed ZeRO-2, step-0 and final evaluation, a checkpoint, the ``final/`` export), read back
-  from its ``metrics.jsonl``;
+  torchrun`` (DeepSpeed ZeRO-2, step-0 and final evaluation, the ``final/`` export; ``--ours-start direct``:
+  ``python -m mimesis_lab.jobs.sft --phase sft --params <generated>``, the documented world-size-1 start
+  without a launcher), read back from its ``metrics.jsonl``;
 - ``trl``: ``trl.SFTTrainer`` on the *same tokenised examples* (``input_ids`` + ``assistant_masks``, so the
   loss-bearing tokens are the same), ``packing=True`` (TRL's ``bfd``, padding-free) when ``sft.batching`` is ``packed`` (the benchmark sets it),
   ``max_length``, ``per_device_train_batch_size``/``gradient_accumulation_steps`` from the DeepSpeed JSON,
@@ -26,8 +27,12 @@ cosine floor, AdamW betas, clipping), ``--sft-steps`` optimizer steps:
 Reported per run: loss-bearing (target) tokens per second in steady state (steps after ``--warmup-steps``:
 sum of target tokens / sum of step times; ours from the job's per-step ``target_tokens``/``step_time_s``,
 TRL's from the labels of every micro-batch and the time between consecutive optimizer-step ends), the final
-validation loss (agreement: ``|trl - ours| <= --loss-tol * ours``), and the end-to-end wall time of the
-process including start-up.
+validation loss (agreement: ``|trl - ours| <= --loss-tol * ours``), the end-to-end wall time of the
+process including start-up, and where the fixed cost (wall time minus the training steps) goes: seconds per
+phase of the job process from its start (:class:`~mimesis_lab.train.metrics_log.PhaseClock`; ours from the
+``phases_s`` of the job's final record: start-up = interpreter, imports and params, ``dist_init``, fingerprint,
+data, model, engine, plan and resume, eval, steps, checkpoint, export; TRL's: start-up, data, model, trainer,
+eval, steps, export) and ``outside`` = wall minus the phases (launcher processes, the exit after the last record).
 
 **GRPO** (``params.sim_rl``: group size ``rollouts_per_prompt``, ``prompts_per_step``, ``rollout.max_new_tokens``,
 ``rollout.temperature``/``top_p``, ``lr``, ``clip_eps``, ``ppo_epochs``, ``minibatches``, ``micro_rows``), single
@@ -51,7 +56,8 @@ faster) are given as median [min–max] over the repeats, pairing run ``i`` of e
 JSON (``--out``)::
 
     pip install -c requirements.lock -e ".[bench]"      # TRL, benchmark-only
-    python bench/bench_peers.py [--repeat 3] [--sft-steps 22] [--grpo-steps 4] [--only sft|grpo] [--out f.json]
+    python bench/bench_peers.py [--repeat 3] [--sft-steps 22] [--ours-start torchrun|direct] [--grpo-steps 4]
+                                [--only sft|grpo] [--out f.json]
 
 Not a test; on a busy machine every figure is noisy (say so when quoting them).
 """
@@ -158,10 +164,15 @@ def prepare(work: Path, args) -> dict[str, Any]:
     return {"work": str(work), "params": str(params_path), "tokenizer": str(tok_dir), "prompts": prompts,
             "threads": args.threads, "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
             "warmup_steps": args.warmup_steps, "vocab_size": len(tok), "trl_schedule": args.trl_schedule,
+            "ours_start": args.ours_start,
             "train_chats": len(train), "val_chats": len(val), "max_len": p.sft.max_len}
 
 
 # -- SFT: our job -------------------------------------------------------------------------------------------------
+
+#: How the ``ours`` SFT job starts (``--ours-start``): the launcher the pipeline uses, or the job module itself.
+OURS_START = {"torchrun": ["mimesis_lab.train.launch", "--launcher", "torchrun"], "direct": ["mimesis_lab.jobs.sft"]}
+
 
 def run_ours_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
     import yaml
@@ -172,8 +183,7 @@ def run_ours_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
     raw["sft"]["output_dir"] = str(out_dir)
     params_path = work / f"params_ours_sft_{i}.yaml"
     params_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "mimesis_lab.train.launch", "--phase", "sft", "--params", str(params_path),
-           "--launcher", "torchrun"]
+    cmd = [sys.executable, "-m", *OURS_START[spec["ours_start"]], "--phase", "sft", "--params", str(params_path)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, env=_child_env(spec["threads"]), capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -183,6 +193,7 @@ def run_ours_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
             if line.strip()]
     train = [r for r in recs if r.get("kind") == "train"]
     evals = [r for r in recs if r.get("kind") == "eval"]
+    final = [r for r in recs if r.get("kind") == "final"]
     steady = [r for r in train if r["step"] > spec["warmup_steps"]]
     tgt = sum(r["target_tokens"] for r in steady)
     secs = sum(r["step_time_s"] for r in steady)
@@ -192,7 +203,7 @@ def run_ours_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
             "initial_val_loss": evals[0]["val_loss"] if evals else None,
             "final_val_loss": evals[-1]["val_loss"] if evals else None,
             "final_train_loss": train[-1]["loss"] if train else None,
-            "train_losses": [r["loss"] for r in train]}
+            "train_losses": [r["loss"] for r in train], "phases_s": final[-1]["phases_s"]}
 
 
 # -- SFT: TRL (worker process) ------------------------------------------------------------------------------------
@@ -217,7 +228,6 @@ def _val_loss(model, rows, max_len: int, pad_id: int) -> float:
 
 
 def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
-    t_start = time.perf_counter()
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -228,11 +238,13 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
     from mimesis_lab.models import build_or_load
     from mimesis_lab.packing import fit_examples
     from mimesis_lab.tokenizer import load_tokenizer
+    from mimesis_lab.tracking import process_age_s
     from mimesis_lab.train.data import build_rows, read_conversations
+    from mimesis_lab.train.metrics_log import PhaseClock
     from mimesis_lab.train.runtime import load_ds_config
     from mimesis_lab.train.schedule import lr_at
 
-    t_import = time.perf_counter() - t_start
+    clock = PhaseClock(process_age_s())          # start-up: interpreter and imports, as in our job
     params = load_params(spec["params"])
     cfg = params.sft
     ds = load_ds_config(cfg.deepspeed_config)
@@ -249,9 +261,11 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
                                   "assistant_masks": [list(m) for _, m in kept]})
     val_rows, _ = build_rows(tok, read_conversations(cfg.val, expand=False, seed=cfg.seed), train_role=cfg.train_role,
                              max_len=cfg.max_len, overlong=cfg.overlong, batching=cfg.batching)
+    clock.lap("data")
 
     torch.manual_seed(cfg.seed)
     model = build_or_load(params.model, tok)
+    clock.lap("model")
     out_dir = Path(spec["work"]) / "out" / f"trl_sft_{i}"
     args = SFTConfig(
         output_dir=str(out_dir), max_steps=spec["sft_steps"], per_device_train_batch_size=micro,
@@ -297,13 +311,15 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
                 losses.append(float(logs["loss"]))
 
     trainer = Counting(model=model, args=args, train_dataset=train_ds, processing_class=tok, callbacks=[Clock()])
-    t_setup = time.perf_counter() - t_start
+    clock.lap("trainer")
     initial_val = _val_loss(model, val_rows, cfg.max_len, pad_id)
-    t0 = time.perf_counter()
+    clock.lap("eval")
     trainer.train()
-    t_train = time.perf_counter() - t0
+    clock.lap("steps")
     final_val = _val_loss(model, val_rows, cfg.max_len, pad_id)
+    clock.lap("eval")
     trainer.save_model(str(out_dir / "final"))
+    clock.lap("export")
     # steps 1..n end at marks[1..n]; step k took marks[k] - marks[k-1] (data loading and logging included)
     w = spec["warmup_steps"]
     steps = [(marks[k][0] - marks[k - 1][0], marks[k][1] - marks[k - 1][1]) for k in range(1, len(marks))]
@@ -315,8 +331,7 @@ def worker_trl_sft(spec: dict[str, Any], i: int) -> dict[str, Any]:
             "step_time_s_median": statistics.median(s for s, _ in steady) if steady else None,
             "initial_val_loss": initial_val, "final_val_loss": final_val,
             "final_train_loss": losses[-1] if losses else None, "train_losses": losses,
-            "train_rows_packed": len(trainer.train_dataset), "import_s": t_import, "setup_s": t_setup,
-            "train_s": t_train}
+            "train_rows_packed": len(trainer.train_dataset), "phases_s": clock.seconds}
 
 
 # -- GRPO: ours (worker process) ----------------------------------------------------------------------------------
@@ -518,6 +533,12 @@ def _compare(runs: dict[str, list[dict[str, Any]]], ratios: dict[str, Any], keys
             **{side: {k: _summary([r[k] for r in runs[side]]) for k in keys} for side in ("ours", "trl")}}
 
 
+def with_outside(phases_s: dict[str, float], wall_s: float) -> dict[str, float]:
+    """The job's phases (:class:`~mimesis_lab.train.metrics_log.PhaseClock`, from its process start) and
+    ``outside``: the rest of the wall time (launcher processes, the exit after the job's last record)."""
+    return {**phases_s, "outside": wall_s - sum(phases_s.values())}
+
+
 def bench_sft(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, Any]:
     def run_one(v: str, i: int) -> dict[str, Any]:
         if v == "ours":
@@ -525,6 +546,8 @@ def bench_sft(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, A
         else:
             r, wall = run_worker("trl_sft", spec_path, spec, i)
             r["wall_s"] = wall
+        r["phases_s"] = with_outside(r["phases_s"], r["wall_s"])
+        r["fixed_s"] = r["wall_s"] - r["phases_s"]["steps"]
         print(f"  sft {v:>4} run {i}: {r['target_tokens_per_s']:.0f} target tok/s, final val loss "
               f"{r['final_val_loss']:.4f}, wall {r['wall_s']:.1f} s", flush=True)
         return r
@@ -534,9 +557,14 @@ def bench_sft(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, A
     ratios = {
         "target_tokens_per_s": _summary([a["target_tokens_per_s"] / b["target_tokens_per_s"] for a, b in zip(o, t)]),
         "end_to_end_wall": _summary([b["wall_s"] / a["wall_s"] for a, b in zip(o, t)]),
+        "fixed_cost": _summary([b["fixed_s"] / a["fixed_s"] for a, b in zip(o, t)]),
     }
-    return _compare(runs, ratios, ("target_tokens_per_s", "final_val_loss", "wall_s", "initial_val_loss",
-                                   "step_time_s_median"))
+    out = _compare(runs, ratios, ("target_tokens_per_s", "final_val_loss", "wall_s", "fixed_s", "initial_val_loss",
+                                  "step_time_s_median"))
+    for side in ("ours", "trl"):
+        out[side]["phases_s"] = {k: _summary([r["phases_s"].get(k) for r in runs[side]])
+                                 for k in dict.fromkeys(k for r in runs[side] for k in r["phases_s"])}
+    return out
 
 
 def bench_grpo(spec: dict[str, Any], spec_path: Path, repeat: int) -> dict[str, Any]:
@@ -563,6 +591,8 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=22)
     ap.add_argument("--grpo-steps", type=int, default=4, help="RL steps per GRPO run (the first is warm-up)")
     ap.add_argument("--warmup-steps", type=int, default=2, help="SFT steps left out of the steady-state rate")
+    ap.add_argument("--ours-start", choices=sorted(OURS_START), default="torchrun",
+                    help="our SFT job under the launcher (torchrun, as the pipeline) or started directly")
     ap.add_argument("--val-records", type=int, default=6)
     ap.add_argument("--loss-tol", type=float, default=0.02, help="relative tolerance of the final val loss")
     ap.add_argument("--trl-schedule", choices=["ours", "hf"], default="ours",
@@ -624,9 +654,9 @@ def main() -> None:
                                   "warmup_ratio": p.sft.warmup_ratio, "min_lr_ratio": p.sft.min_lr_ratio,
                                   "micro_batch": ds["train_micro_batch_size_per_gpu"],
                                   "global_batch_rows": ds["train_batch_size"], "loss_rel_tol": args.loss_tol,
-                                  "trl_schedule": args.trl_schedule}
+                                  "trl_schedule": args.trl_schedule, "ours_start": args.ours_start}
         print(f"SFT: {args.sft_steps} steps, max_len {p.sft.max_len}, batching {p.sft.batching}, "
-              f"batch {ds['train_batch_size']} rows, lr {p.sft.lr}", flush=True)
+              f"batch {ds['train_batch_size']} rows, lr {p.sft.lr}; ours started by {args.ours_start}", flush=True)
         sft = bench_sft(spec, spec_path, args.repeat)
         o, t = sft["ours"]["final_val_loss"]["median"], sft["trl"]["final_val_loss"]["median"]
         sft["loss_agreement"] = {"ours_final_val_loss": o, "trl_final_val_loss": t,
@@ -667,6 +697,11 @@ def main() -> None:
         print(f"{'SFT final val loss':<44}{_fmt(s['ours']['final_val_loss'], 4):>26}"
               f"{_fmt(s['trl']['final_val_loss'], 4):>26}"
               f"{agree:>26}")
+        print(f"{'SFT fixed cost = wall - steps (s)':<44}{_fmt(s['ours']['fixed_s'], 1):>26}"
+              f"{_fmt(s['trl']['fixed_s'], 1):>26}{_fmt(s['ratios_ours_over_trl']['fixed_cost']):>26}")
+        po, pt = s["ours"]["phases_s"], s["trl"]["phases_s"]
+        for k in dict.fromkeys([*po, *pt]):
+            print(f"{f'  phase {k} (s)':<44}{_fmt(po.get(k)):>26}{_fmt(pt.get(k)):>26}")
     if "grpo" in result:
         g = result["grpo"]
         print(f"{'GRPO s / optimizer step':<44}{_fmt(g['ours']['s_per_opt_step']):>26}"

@@ -306,7 +306,11 @@ class TrainParams(Section):
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
     eval_every: int = Field(20, gt=0, description="Validation loss every N optimizer steps (and at the end).")
-    save_every: int = Field(20, gt=0, description="Checkpoint every N optimizer steps (and at the end).")
+    initial_eval: bool = Field(True, description="Validation loss before the first step too: the summary's "
+                               "initial_val_loss (the midtrain loss effect reads it); false saves one evaluation.")
+    save_every: int = Field(20, gt=0, description="Checkpoint every N optimizer steps (the last step too where the "
+                            "export reads its checkpoint: ZeRO-3 or bf16/fp16; else `final/` is written from the "
+                            "engine).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     resume: str = Field("auto", description="`auto`: resume from the latest checkpoint if any; `never`; or a path.")
     world_size: int = Field(1, ge=1, description="Processes launched (CPU: gloo); ZeRO checkpoints are tied to it.")
@@ -345,7 +349,8 @@ class RLPhaseParams(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
-    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (and at the end).")
+    save_every: int = Field(10, gt=0, description="Checkpoint every N steps (the last step too where the export "
+                            "reads its checkpoint: ZeRO-3 or bf16/fp16; else `final/` is written from the engine).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     resume: str = Field("auto", description="`auto`, `never` or a checkpoint path (as for the SFT jobs).")
     world_size: int = Field(1, ge=1, description="Processes launched; each rolls out its share of the groups.")

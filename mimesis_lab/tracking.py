@@ -18,6 +18,7 @@ import hashlib
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -176,6 +177,15 @@ def _process_started(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return ""
+
+
+def process_age_s(pid: int | None = None) -> float | None:
+    """Seconds since process ``pid`` (default: this one) started, to a clock tick (10 ms); ``None`` where
+    ``/proc`` is unavailable."""
+    started = _process_started(os.getpid() if pid is None else pid)
+    if not started:
+        return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - int(started) / os.sysconf("SC_CLK_TCK")
 
 
 def process_identity(pid: int | None = None) -> dict[str, str]:

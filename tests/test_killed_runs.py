@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -43,6 +44,18 @@ def test_process_alive_tells_a_reused_pid_apart():
     assert not tracking.process_alive(os.getpid(), str(int(me["mimesis.pid_started"]) + 1))   # same pid, later start
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     assert not tracking.process_alive(int(done.stdout))
+
+
+def test_process_age_counts_from_the_process_start():
+    assert 0 < tracking.process_age_s() < 24 * 3600
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        assert 0.4 < tracking.process_age_s(child.pid) < 30
+    finally:
+        child.kill()
+        child.wait()
+    assert tracking.process_age_s(child.pid) is None                   # gone
 
 
 def test_mlflow_runs_of_a_killed_phase_are_marked_failed(tmp_path):

@@ -274,6 +274,21 @@ def test_resume_path_errors(tmp_path):
         resolve_resume(str(half), tmp_path / "ck", 1)
 
 
+def test_deepspeed_is_imported_without_mlflow():
+    """`dist_init` imports DeepSpeed with MLflow skipped (DeepSpeed imports it only for its autotuner, 1-2 s
+    of every job's start); MLflow imports as usual afterwards (the metrics log's MLflow run)."""
+    code = ("import sys\n"
+            "from mimesis_lab.train.runtime import UNUSED_BY_DEEPSPEED, imports_skipped\n"
+            "with imports_skipped(UNUSED_BY_DEEPSPEED):\n"
+            "    import deepspeed\n"
+            "assert 'deepspeed.autotuning' in sys.modules and 'mlflow' not in sys.modules, 'mlflow imported'\n"
+            "import mlflow\n"
+            "print(mlflow.__name__)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=job_env(1, ENV), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "mlflow", res.stderr[-3000:]
+
+
 def test_launch_command_lines():
     ds = build_command("sft", "p.yaml", 2, "deepspeed", 29555)
     assert ds[-6:] == ["--module", "mimesis_lab.jobs.sft", "--phase", "sft", "--params", "p.yaml"]
@@ -289,6 +304,77 @@ def test_launch_command_lines():
     assert int(env["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) // 2)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert job_env(1, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    # under torchrun the ranks pick the accelerator: the launching process does not import torch for it
+    code = ("import os, sys\n"
+            "os.environ.pop('DS_ACCELERATOR', None)\n"
+            "from mimesis_lab.train.launch import job_env\n"
+            "env = job_env(1, None, 'torchrun')\n"
+            "print('DS_ACCELERATOR' in env, 'torch' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["False", "False"], res.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- the export, both ways
+EXPORT_BOTH_WAYS = """
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mimesis_lab.config import load_params
+from mimesis_lab.models import build_or_load
+from mimesis_lab.tokenizer import load_tokenizer
+from mimesis_lab.train.checkpoint import export_final, final_checkpoint, tag_for
+from mimesis_lab.train.runtime import dist_init, load_ds_config, make_engine
+
+params_path, tok_dir, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+params = load_params(params_path)
+rank, world = dist_init()
+tok = load_tokenizer(tok_dir)
+torch.manual_seed(0)
+engine, _ = make_engine(build_or_load(params.model, tok), params.midtrain, load_ds_config(params.midtrain.deepspeed_config))
+initial = {k: v.clone() for k, v in engine.module.state_dict().items()}
+g = torch.Generator().manual_seed(rank)
+for _ in range(3 * engine.gradient_accumulation_steps()):
+    ids = torch.randint(0, len(tok), (engine.train_micro_batch_size_per_gpu(), 24), generator=g)
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+assert not all(torch.equal(v, initial[k]) for k, v in engine.module.state_dict().items())
+engine.save_checkpoint(str(out / "checkpoints"), tag=tag_for(3))
+dist.barrier()
+assert final_checkpoint(engine, out / "checkpoints", 3) is None       # ZeRO-2, fp32: from the engine
+if rank == 0:
+    export_final(engine, tok, None, out / "engine")
+    export_final(engine, tok, out / "checkpoints" / tag_for(3), out / "zero_to_fp32")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_export_from_the_engine_equals_zero_to_fp32(project: Project, tmp_path, world: int):
+    """At ZeRO-2 in fp32 the engine's module holds the trained weights in full (every rank): the export
+    written from it has the same bits as the one ``zero_to_fp32`` consolidates from a checkpoint."""
+    from safetensors.torch import load_file
+
+    ds = project.ds1 if world == 1 else project.ds2
+    params = project.params(f"x{world}", deepspeed_config=str(ds), world_size=world)
+    script = tmp_path / "export_both_ways.py"
+    script.write_text(EXPORT_BOTH_WAYS)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(world),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(params),
+           str(project.root / "tokenizer"), str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, env=job_env(world, ENV), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    a, b = load_file(str(out / "engine" / "model.safetensors")), load_file(str(out / "zero_to_fp32" / "model.safetensors"))
+    assert a.keys() == b.keys() and a
+    for k in a:
+        assert a[k].dtype == b[k].dtype == torch.float32 and torch.equal(a[k], b[k]), k
+    assert json.loads((out / "engine" / "config.json").read_text()) == json.loads(
+        (out / "zero_to_fp32" / "config.json").read_text())
 
 
 # ----------------------------------------------------------------------------- real runs
@@ -307,6 +393,10 @@ def test_world_size_1_reduces_loss_and_exports(run_a, project: Project):
     assert 0 < summary["packing_efficiency"] <= 1
     evals = _records(out, "eval")
     assert [e["step"] for e in evals] == list(range(0, TOTAL + 1, 20))
+    # where the job's time went, from its process start (the fixed costs of a short run)
+    phases = _records(out, "final")[-1]["phases_s"]
+    assert {"startup", "dist_init", "engine", "eval", "steps", "checkpoint", "export"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and phases["steps"] > phases["export"]
     # checkpoints: keep_last = 2, each with its logged sha256
     kept = list_checkpoints(out / "checkpoints")
     assert [s for s, _ in kept] == [TOTAL - 20, TOTAL]
@@ -460,6 +550,26 @@ def test_resume_at_epoch_boundary_trains_exactly_the_remaining_steps(run_a, proj
     summary = json.loads((out / "final" / "training_summary.json").read_text())
     assert summary["steps"] == TOTAL and summary["tokens"] == json.loads(
         (run_a["out"] / "final" / "training_summary.json").read_text())["tokens"]
+
+
+def test_a_finished_run_off_the_save_cadence_resumes_from_its_last_checkpoint(project: Project):
+    """ZeRO-2 in fp32: the export is written from the engine, so the last step gets no checkpoint of its own
+    off the `save_every` cadence (5 steps, save_every 2: checkpoints 2 and 4). `resume: auto` of the finished
+    run trains step 5 again from step 4 and exports the same bits. `initial_eval: false`: no step-0 evaluation."""
+    params = project.params("o", max_steps=5, save_every=2, eval_every=1000, initial_eval=False, launcher="torchrun")
+    out = project.out("o")
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    assert [s for s, _ in list_checkpoints(out / "checkpoints", complete_only=False)] == [2, 4]
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["steps"] == 5 and summary["checkpoint"] is None
+    assert summary["initial_val_loss"] is None and [e["step"] for e in _records(out, "eval")] == [5]
+    first = _weights(out)
+    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)          # resume: auto
+    start = _records(out, "start")[-1]
+    assert start["resumed"] and start["step"] == 4
+    assert [r["step"] for r in _records(out, "train")] == [1, 2, 3, 4, 5]
+    again = _weights(out)
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
 
 
 def test_resume_auto_starts_fresh_after_a_change_of_settings(run_a, project: Project):

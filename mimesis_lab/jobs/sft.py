@@ -36,12 +36,12 @@ import torch
 
 from mimesis_lab.packing import collate, masked_token_ce_sum
 from mimesis_lab.progress import Progress
-from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, clear_outputs, drop_checkpoints_after,
-                                          export_final, load_resume_checkpoint, relative_path, resume_point,
-                                          run_fingerprint, save_checkpoint, tag_for)
+from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, checkpoint_at, clear_outputs,
+                                          drop_checkpoints_after, export_final, final_checkpoint,
+                                          load_resume_checkpoint, resume_point, run_fingerprint, save_checkpoint)
 from mimesis_lab.train.data import (DataPlan, batch_efficiency, batch_units, eval_batches, load_rows,
                                     resolve_batching, target_count)
-from mimesis_lab.train.metrics_log import MetricsLog
+from mimesis_lab.train.metrics_log import MetricsLog, PhaseClock
 from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, job_main, load_ds_config,
                                        make_engine, require_model_folder, say, set_lr)
 from mimesis_lab.train.schedule import lr_at
@@ -86,12 +86,15 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
 
     from mimesis_lab.models import build_or_load, load_model
     from mimesis_lab.tokenizer import load_tokenizer
+    from mimesis_lab.tracking import process_age_s
 
+    clock = PhaseClock(process_age_s())          # start-up: interpreter, imports, params
     cfg = getattr(params, phase)
     from_scratch = cfg.init_from == "model"
     if not from_scratch:      # fail before any heavy work, naming the key
         require_model_folder(f"{phase}.init_from", cfg.init_from)
     rank, world = dist_init()
+    clock.lap("dist_init")
     if world != cfg.world_size:
         raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
     out_dir = Path(cfg.output_dir)
@@ -105,6 +108,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))   # fails fast
     if rank == 0:
         ckpt_root.mkdir(parents=True, exist_ok=True)
+    clock.lap("fingerprint")
     t_start = time.time()
 
     # -- data and model ----------------------------------------------------------------------------
@@ -113,10 +117,13 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train_rows, train_stats = load_rows(cfg.train, tokenizer, cfg, train=True, batching=batching)
     val_rows, val_stats = load_rows(cfg.val, tokenizer, cfg, train=False, batching=batching)
+    clock.lap("data")
 
     torch.manual_seed(cfg.seed)
     model = build_or_load(params.model, tokenizer) if from_scratch else load_model(cfg.init_from)
+    clock.lap("model")
     engine, optimizer = make_engine(model, cfg, ds_config)
+    clock.lap("engine")
     zero_stage = engine.zero_optimization_stage()
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else torch.float32
     mask_mode = "padding" if batching == "grouped" else "4d" if cfg.max_len <= LONG_ROWS else "position_ids"
@@ -168,24 +175,27 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                   f"{efficiency:.3f} of the fed tokens real), {len(val_rows)} val rows, "
                   f"global batch {plan.global_batch} = {unit_micro}x{gas}x{world} units, "
                   f"steps {state['step']}->{total}, ZeRO-{zero_stage}, {dtype}")
+        clock.lap("plan_and_resume")
 
         def evaluate_now(step: int) -> None:
             val = evaluate(engine, val_rows, val_units, unit_micro, world, rank, cfg.max_len, pad_id, mask_mode,
                            dtype)
-            if state["initial_val_loss"] is None:
+            if step == 0:
                 state["initial_val_loss"] = val
             state["last_val_loss"], state["last_val_step"] = val, step
             log.write({"kind": "eval", "step": step, "val_loss": val}, {"val_loss": val})
             say(rank, f"step {step}: val_loss {val:.4f}")
+            clock.lap("eval")
 
         def save_now(step: int) -> None:
             client = dict(state, phase=phase, fingerprint=fingerprint, epoch=plan.epoch_at(step),
                           samples_seen=step * plan.global_batch, global_batch=plan.global_batch, world_size=world,
                           total_steps=total, rng_torch=torch.get_rng_state())
             save_checkpoint(engine, ckpt_root, step, client, log, cfg.keep_last, rank, world)
+            clock.lap("checkpoint")
 
         # -- the loop ------------------------------------------------------------------------------
-        if state["step"] == 0 and state["last_val_step"] is None:
+        if cfg.initial_eval and state["step"] == 0 and state["last_val_step"] is None:
             evaluate_now(0)
         engine.train()
         step = state["step"]
@@ -228,20 +238,23 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                                 "step_time_s": dt, "epoch": rec["epoch"]})
                 say(rank, prog.line({"loss": round(loss, 4), "lr": lr, "gn": gn if gn is None else round(gn, 3),
                                      "tok/s": round(n_tok / dt), "step_s": round(dt, 3)}))
+            clock.lap("steps")
             if step % cfg.eval_every == 0 or step == total:
                 evaluate_now(step)
-            if step % cfg.save_every == 0 or step == total:
+            if step % cfg.save_every == 0:
                 save_now(step)
         if state["last_val_step"] != total:
             evaluate_now(total)
-        if not (ckpt_root / tag_for(total) / MARKER).is_file():
+        source = final_checkpoint(engine, ckpt_root, total)     # None: the engine holds the final weights
+        if source is not None and not (source / MARKER).is_file():
             save_now(total)
 
         # -- export --------------------------------------------------------------------------------
         summary = None
         if rank == 0:
             final = out_dir / "final"
-            export_final(engine, tokenizer, ckpt_root, tag_for(total), final)
+            export_final(engine, tokenizer, source, final)
+            clock.lap("export")
             summary = {
                 "phase": phase, "steps": total, "world_size": world, "zero_stage": zero_stage,
                 "global_batch": plan.global_batch, "micro_batch": micro, "grad_accum": gas,
@@ -256,10 +269,10 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                 "examples_dropped_overlong": train_stats["dropped_overlong"],
                 "examples_dropped_no_target": train_stats["dropped_no_target"],
                 "tokenize_errors": train_stats["tokenize_errors"], "val": val_stats,
-                "checkpoint": relative_path(ckpt_root / tag_for(total)),
+                "checkpoint": checkpoint_at(ckpt_root, total),
             }
             write_summary(final, summary)
-            log.final(total, final, summary, time.time() - t_start)
+            log.final(total, final, summary, time.time() - t_start, clock.seconds)
             if log.mlflow is not None:
                 log.mlflow.log_metrics({"final_val_loss": summary["final_val_loss"], "tokens": summary["tokens"]},
                                        step=total)

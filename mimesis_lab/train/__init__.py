@@ -4,7 +4,7 @@
 - :mod:`.runtime` — process group (gloo on CPU), rank-0 printing, ``all_reduce``/``gather``, the
   DeepSpeed JSON, the engine with our own AdamW, the per-rank command-line entry point.
 - :mod:`.checkpoint` — checkpoint folders with a completeness marker, exact resume, the ONE run
-  fingerprint, the ``zero_to_fp32`` Hugging Face export.
+  fingerprint, the Hugging Face export (from the engine, or ``zero_to_fp32`` of a checkpoint).
 - :mod:`.metrics_log` — ``metrics.jsonl`` + MLflow per step; window means for summaries.
 - :mod:`.step_run` — the bookkeeping of a step-based (RL) job: resume, logs, checkpoint cadence, export.
 - :mod:`.data` — split parquet → mixture expansion → chat tokenisation → fit/pack → a deterministic,

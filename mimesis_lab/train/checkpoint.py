@@ -13,8 +13,13 @@ job module imports, :func:`mimesis_lab.code_deps.code_identity` — the rule ``d
 follow too). After a change of settings, data or code it starts fresh (a fresh start clears the
 output folder's old checkpoints, metrics and export). An explicit ``resume: <path>`` always resumes.
 
-The export (:func:`export_final`) consolidates fp32 weights with ``zero_to_fp32`` (ZeRO ≥ 1; stage
-0 takes the module's state dict) into ``output_dir/final`` (``save_pretrained`` + tokenizer).
+The export (:func:`export_final`) writes the fp32 weights into ``output_dir/final`` (``save_pretrained`` +
+tokenizer). Where the engine's module holds them in full (:func:`exports_from_engine`: ZeRO-1/2 trained in
+fp32 — each rank holds every parameter, and the optimizer copies its fp32 master values back after every
+step — or stage 0) they are the module's state dict and the export needs no checkpoint; otherwise (ZeRO-3,
+bf16/fp16 master weights) ``zero_to_fp32`` consolidates them from the last step's checkpoint. The two
+give the same bits where both apply (tested). So the jobs checkpoint the last step only where the export
+reads it; the ``save_every`` cadence is what a later run can resume from.
 """
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ from mimesis_lab.tracking import file_sha256
 
 __all__ = ["ResumeError", "CHECKPOINTS", "MARKER", "OPERATIONAL_KEYS", "tag_for", "list_checkpoints",
            "validate_checkpoint", "resolve_resume", "resume_point", "save_checkpoint", "load_resume_checkpoint",
-           "drop_checkpoints_after", "clear_outputs", "export_final", "file_identity", "run_fingerprint",
-           "relative_path"]
+           "drop_checkpoints_after", "clear_outputs", "checkpoint_at", "exports_from_engine", "final_checkpoint",
+           "export_final", "file_identity", "run_fingerprint", "relative_path"]
 
 CHECKPOINTS = "checkpoints"
 MARKER = "mimesis_checkpoint.json"
@@ -41,9 +46,9 @@ TAG_PREFIX = "step_"
 HASH_LIMIT = 1 << 30          # sha256-verify checkpoints up to 1 GiB on resume (sizes always)
 
 #: Keys of a phase section that do not change what is trained (left out of the fingerprint).
-#: ``steps`` (RL phases) is operational: raising it continues a finished run.
-OPERATIONAL_KEYS = ("resume", "eval_every", "save_every", "keep_last", "log_every", "launcher", "output_dir",
-                    "save_rollouts", "steps")
+#: ``steps`` (RL phases) is operational: raising it continues a finished run from its last checkpoint.
+OPERATIONAL_KEYS = ("resume", "eval_every", "initial_eval", "save_every", "keep_last", "log_every", "launcher",
+                    "output_dir", "save_rollouts", "steps")
 
 
 class ResumeError(RuntimeError):
@@ -229,15 +234,36 @@ def clear_outputs(out_dir: Path, ckpt_root: Path, files: tuple[str, ...]) -> int
     return len(stale)
 
 
-def export_final(engine, tokenizer, ckpt_root: Path, tag: str, final: Path) -> None:
-    """Rank 0: plain fp32 weights (``zero_to_fp32`` for ZeRO ≥ 1) as a Hugging Face folder."""
+def checkpoint_at(ckpt_root: Path, step: int) -> str | None:
+    """The complete checkpoint of ``step`` (:func:`relative_path`), ``None`` where that step has none."""
+    tag_dir = ckpt_root / tag_for(step)
+    return relative_path(tag_dir) if (tag_dir / MARKER).is_file() else None
+
+
+def exports_from_engine(engine) -> bool:
+    """Whether :func:`export_final` takes the weights from ``engine.module`` (no checkpoint needed): ZeRO-1/2
+    without bf16/fp16, where the module's parameters are the fp32 values the optimizer copies back after every
+    step, all-gathered to every rank; and stage 0, whose module is what the optimizer steps (cast to fp32)."""
+    stage = engine.zero_optimization_stage()
+    return stage == 0 or (stage <= 2 and not (engine.bfloat16_enabled() or engine.fp16_enabled()))
+
+
+def final_checkpoint(engine, ckpt_root: Path, step: int) -> Path | None:
+    """The checkpoint :func:`export_final` reads for the weights after ``step``: ``None`` where the engine
+    holds them (:func:`exports_from_engine`), else that step's folder."""
+    return None if exports_from_engine(engine) else ckpt_root / tag_for(step)
+
+
+def export_final(engine, tokenizer, checkpoint: Path | None, final: Path) -> None:
+    """Rank 0: the plain fp32 weights as a Hugging Face folder ``final``: the engine's module when
+    ``checkpoint`` is ``None`` (:func:`final_checkpoint`), else ``zero_to_fp32`` of that checkpoint folder."""
     from mimesis_lab.models import save_hf
 
     module = engine.module
-    if engine.zero_optimization_stage() >= 1:
+    if checkpoint is not None:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_root), tag=tag)
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
         model = type(module)(module.config)          # a plain CPU copy (ZeRO-3 params are partitioned)
         missing, unexpected = model.load_state_dict(sd, strict=False)
         tied = set(getattr(model, "_tied_weights_keys", None) or []) | {"lm_head.weight"}

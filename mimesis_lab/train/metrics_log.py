@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from mimesis_lab.train.checkpoint import relative_path
 
-__all__ = ["MetricsLog", "truncate_jsonl", "window_means"]
+__all__ = ["MetricsLog", "PhaseClock", "truncate_jsonl", "window_means"]
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
@@ -34,6 +35,22 @@ def window_means(history: list[dict[str, float]], keys: tuple[str, ...], k: int 
         out[f"first_{name}"] = window(key, history[:k])
         out[f"last_{name}"] = window(key, history[-k:])
     return out
+
+
+class PhaseClock:
+    """Wall seconds of a job's phases (start-up, engine, evaluation, steps, checkpoints, export), each summed
+    over its repeats: :meth:`lap` charges the time since the previous lap to a phase, so the phases add up to
+    the job's time. ``startup_s`` (the process's age when the clock starts: interpreter, imports, params)
+    opens the account. The final record carries them (``phases_s``): a short run's fixed costs."""
+
+    def __init__(self, startup_s: float | None):
+        self.seconds: dict[str, float] = {} if startup_s is None else {"startup": startup_s}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 class MetricsLog:
@@ -79,10 +96,13 @@ class MetricsLog:
                                  f"checkpoints/{path.name}.json")
             self.mlflow.set_tag("last_checkpoint", relative_path(path))
 
-    def final(self, step: int, final: Path, summary: dict[str, Any], wall_time_s: float) -> None:
-        """Record the export: the summary (also an MLflow artifact) and the wall time, which stays out of
-        the exported folder so that its DVC hash depends on the weights only."""
-        self.write({"kind": "final", "step": step, "path": relative_path(final), "wall_time_s": wall_time_s})
+    def final(self, step: int, final: Path, summary: dict[str, Any], wall_time_s: float,
+              phases_s: dict[str, float] | None = None) -> None:
+        """Record the export: the summary (also an MLflow artifact), the wall time and the seconds per
+        phase (:class:`PhaseClock`), which stay out of the exported folder so that its DVC hash depends on
+        the weights only."""
+        record = {"kind": "final", "step": step, "path": relative_path(final), "wall_time_s": wall_time_s}
+        self.write(record if phases_s is None else {**record, "phases_s": phases_s})
         if self.mlflow is not None:
             self.mlflow.log_dict(summary, "training_summary.json")
             self.mlflow.log_metric("wall_time_s", wall_time_s, step=step)

@@ -10,7 +10,7 @@ The recipe keeps its loop; this object only does what every recipe would otherwi
         metrics, records = ...                     # one rollout batch + update (rank 0's metrics)
         step += 1
         run.end_step(step, metrics, records, t0)   # logs, episodes, checkpoint every save_every
-    summary = run.finish(summary_fields)           # last checkpoint, export to output_dir/final
+    summary = run.finish(summary_fields)           # export to output_dir/final
 
 Checkpoints carry the fingerprint (``resume: auto`` continues only the same run, see
 :mod:`mimesis_lab.train.checkpoint`); a resumed run truncates the logs of the killed run after
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mimesis_lab.progress import Progress
-from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, clear_outputs, drop_checkpoints_after,
-                                          export_final, load_resume_checkpoint, relative_path, save_checkpoint,
-                                          tag_for)
+from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, checkpoint_at, clear_outputs,
+                                          drop_checkpoints_after, export_final, final_checkpoint,
+                                          load_resume_checkpoint, save_checkpoint)
 from mimesis_lab.train.metrics_log import MetricsLog, truncate_jsonl
 from mimesis_lab.train.runtime import say
 
@@ -90,7 +90,7 @@ class StepRun:
     def end_step(self, step: int, metrics: dict[str, float] | None, records: list[dict[str, Any]],
                  started: float) -> None:
         """After step ``step`` (counted from 1): rank 0 logs ``metrics`` and appends ``records`` to the
-        episode log; every ``save_every`` steps (and at the last) all ranks checkpoint."""
+        episode log; every ``save_every`` steps all ranks checkpoint."""
         self.prog.update(1)
         if self.rank == 0 and metrics is not None:
             metrics["step_time_s"] = time.perf_counter() - started
@@ -103,23 +103,25 @@ class StepRun:
                 self.log.write({"kind": "train", "step": step, "metrics": metrics}, metrics)
                 shown = {k: round(v, 4) for k, v in metrics.items() if k in self.show}
                 say(self.rank, self.prog.line({**shown, "step_s": round(metrics["step_time_s"], 2)}))
-        if step % self.cfg.save_every == 0 or step == self.total:
+        if step % self.cfg.save_every == 0:
             self.save(step)
 
     def finish(self, summary_fields: dict[str, Any]) -> dict[str, Any] | None:
-        """Checkpoint the last step if needed, export ``output_dir/final`` with its
-        ``training_summary.json`` (rank 0; deterministic: no wall time, no absolute path)."""
+        """Checkpoint the last step where the export reads it (:func:`~mimesis_lab.train.checkpoint.final_checkpoint`),
+        export ``output_dir/final`` with its ``training_summary.json`` (rank 0; deterministic: no wall time, no
+        absolute path)."""
         import torch.distributed as dist
 
-        if not (self.ckpt_root / tag_for(self.total) / MARKER).is_file():
+        source = final_checkpoint(self.engine, self.ckpt_root, self.total)
+        if source is not None and not (source / MARKER).is_file():
             self.save(self.total)
         summary = None
         if self.rank == 0:
             final = self.out_dir / "final"
-            export_final(self.engine, self.tokenizer, self.ckpt_root, tag_for(self.total), final)
+            export_final(self.engine, self.tokenizer, source, final)
             summary = {"phase": self.phase, "steps": self.total, "world_size": self.world,
                        "zero_stage": self.engine.zero_optimization_stage(), **self.info, **summary_fields,
-                       "checkpoint": relative_path(self.ckpt_root / tag_for(self.total))}
+                       "checkpoint": checkpoint_at(self.ckpt_root, self.total)}
             (final / "training_summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
             self.log.final(self.total, final, summary, time.time() - self.t_start)
             say(self.rank, f"exported {final}")
