@@ -74,8 +74,11 @@ def test_teacher_logprobs_left_padding_matches_unpadded(tiny):
 
 
 def _csd_cfg(**over):
+    """The profile's CSD settings with ``over``; turn selection as in the reference (``require_reply`` off, the
+    tiny profile turns it on) unless ``over`` says otherwise: these synthetic trajectories carry no user reasoning."""
     from mimesis_lab.config import load_params
 
+    over = {"require_reply": False, **over}
     return load_params(ROOT / "params.yaml").agent_csd.model_copy(
         update={"csd": load_params(ROOT / "params.yaml").agent_csd.csd.model_copy(update=over)})
 

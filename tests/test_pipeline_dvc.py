@@ -1,7 +1,7 @@
 """Integration: the real `dvc repro` over the data stages on a copy of the project.
 
 Checks the DVC contract of the data stages (run up to ``validate``): a full run succeeds, every stage's metrics hold
-`rows_in == rows_out + rows_quarantined`, a second `dvc repro` is a no-op in <= 3 s,
+`rows_in == rows_out + rows_quarantined`, a second `dvc repro` is a no-op in <= 5 s,
 changing one stage's params re-runs only that stage and its dependants, and every stage
 run is recorded in the project's MLflow store with params, counts and provenance.
 """
@@ -85,7 +85,9 @@ def test_full_run_accounts_for_every_row(project):
 def test_second_repro_is_a_fast_noop(project):
     out, dt = _repro(project, "validate")
     assert _ran(out) == set(), out
-    assert dt <= 3.0, f"no-op dvc repro took {dt:.2f}s"
+    # 5 s: dvc's own start-up and hashing; 3.8 s measured on a 2-core CI machine about 1.6x slower than the one
+    # the first bound (3 s) was set on. A no-op that ran a stage would take far longer (and fails _ran above).
+    assert dt <= 5.0, f"no-op dvc repro took {dt:.2f}s"
 
 
 def test_param_change_reruns_only_dependants(project):
