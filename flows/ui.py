@@ -24,7 +24,9 @@ and prints the URLs.
 - **1** — a server did not come up (its log tail is printed). Every process it started is stopped.
 
 ``stop`` sends SIGTERM to each recorded process group and every descendant (collected before the first
-signal, so none escapes by being re-parented), SIGKILL after a grace period, and removes what the
+signal, so none escapes by being re-parented) and to every process whose environment carries
+``MIMESIS_UI_ROOT=<root>`` (set for every server, so a process forked late or in a session of its own is
+found too), SIGKILL after a grace period, and removes what the
 servers leave behind: ``.ui/state.json``, ``.ui/env`` and a temporary folder MLflow may create in
 ``/dev/shm`` (its job runner's queue; the UI starts MLflow with ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``,
 so neither the folder nor the runner's seven ``huey`` consumers exist in the first place).
@@ -50,6 +52,7 @@ SERVICES = ("prefect", "mlflow", "serve")
 DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5000}
 PORT_SEARCH = 100                          # how far above a busy default port to look for a free one
 HUEY_ENV = "_MLFLOW_HUEY_STORAGE_PATH"     # MLflow's job-queue folder (in /dev/shm when it exists)
+UI_MARK = "MIMESIS_UI_ROOT"                # set in every server's environment: ``stop`` finds all of them by it
 
 
 class UIError(RuntimeError):
@@ -86,6 +89,21 @@ def _children() -> dict[int, list[int]]:
             except (OSError, IndexError, ValueError):
                 continue
             out.setdefault(ppid, []).append(int(d.name))
+    return out
+
+
+def marked_processes(root: Path) -> list[int]:
+    """Pids of the processes that carry ``MIMESIS_UI_ROOT=<root>`` in their environment: every server
+    ``start`` spawned and everything those spawned, re-parented or in a session of its own included."""
+    mark = f"{UI_MARK}={Path(root).resolve()}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if mark in (d / "environ").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
     return out
 
 
@@ -250,6 +268,7 @@ def start(root: Path = ROOT, host: str = "127.0.0.1", prefect_port: int | None =
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     env.pop("PREFECT_API_URL", None)
+    env[UI_MARK] = str(root)
     env["PREFECT_UI_API_URL"] = prefect_api          # the UI's browser code calls this API (default :4200)
     (root / ".prefect").mkdir(exist_ok=True)
     (root / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -306,8 +325,9 @@ def stop(root: Path = ROOT, grace_s: float = 10.0) -> list[str]:
     root = root.resolve()
     state = _read_state(root)
     trees = {name: process_tree(pid) for name, pid in state.get("pids", {}).items() if _alive(state, name)}
-    leftovers = {d for tree in trees.values() for p in tree if (d := _huey_dir(p)) is not None}
     everyone = [p for tree in trees.values() for p in tree]
+    everyone += [p for p in marked_processes(root) if p not in everyone]
+    leftovers = {d for p in everyone if (d := _huey_dir(p)) is not None}
     for tree in trees.values():
         try:
             os.killpg(tree[0], signal.SIGTERM)      # start_new_session: each server leads its own group
@@ -318,6 +338,13 @@ def stop(root: Path = ROOT, grace_s: float = 10.0) -> list[str]:
     while time.time() < deadline and any(process_alive(p) for p in everyone):
         time.sleep(0.2)
     _signal([p for p in everyone if process_alive(p)], signal.SIGKILL)
+    for _ in range(50):          # a server may have forked while it was being stopped: those carry the mark too
+        late = [p for p in marked_processes(root) if process_alive(p)]
+        if not late:
+            break
+        leftovers |= {d for p in late if (d := _huey_dir(p)) is not None}
+        _signal(late, signal.SIGKILL)
+        time.sleep(0.1)
     for d in leftovers:
         if d.parent in (Path("/dev/shm"), Path(os.environ.get("TMPDIR", "/tmp"))) and d.name.startswith("tmp"):
             shutil.rmtree(d, ignore_errors=True)

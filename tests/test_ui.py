@@ -147,6 +147,38 @@ def test_a_failed_start_stops_every_process_it_started(tmp_path, monkeypatch):
     assert {d for d in shm_folders() - shm if d.startswith("tmp")} == set()
 
 
+ESCAPES = textwrap.dedent("""
+    import subprocess, sys, time
+    # a server that forks a worker into a session of its own and lets it be re-parented to init
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    print("forked", flush=True)
+    time.sleep(300)
+""")
+
+
+def test_stop_finds_a_process_that_left_the_tree_by_its_mark(tmp_path):
+    """A grandchild in its own session, whose parent died, is outside every process tree and group:
+    ``stop`` still finds it by the ``MIMESIS_UI_ROOT`` mark in its environment."""
+    (tmp_path / ".ui").mkdir()
+    env = {**os.environ, ui.UI_MARK: str(tmp_path.resolve())}
+    proc = subprocess.Popen([sys.executable, "-c", ESCAPES], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "forked"
+    deadline = time.time() + 10
+    while len(ui.marked_processes(tmp_path)) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    marked = ui.marked_processes(tmp_path)
+    assert proc.pid in marked and len(marked) == 2, marked
+    worker = next(p for p in marked if p != proc.pid)
+    ui._write_state(tmp_path, {"pids": {}})           # the server itself already gone from the state
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    assert ui.process_alive(worker) and worker not in ui.process_tree(proc.pid)
+    ui.stop(tmp_path, grace_s=2)
+    assert not ui.process_alive(worker) and ui.marked_processes(tmp_path) == []
+
+
 @pytest.mark.timeout(240)
 def test_a_real_start_stop_cycle_leaves_nothing_behind(tmp_path, capsys):
     shm = shm_folders()
