@@ -9,17 +9,23 @@ Two parts (both by default; ``--pieces-only`` / ``--run-only`` pick one):
      per flow run (``MIMESIS_PREFECT_SERVER=ephemeral``, what every flow did before) vs the shared server
      of :mod:`flows.prefect_api` (started by the warm-up, reused as in a ``dvc repro``);
    - *job launch*: a no-op distributed job (imports DeepSpeed, joins a gloo process group, exits)
-     started with the ``deepspeed`` launcher vs ``torchrun`` (:func:`mimesis_lab.train.launch.build_command`),
-     next to plain ``python`` running the same module.
+     started with the ``deepspeed`` launcher vs ``torchrun`` vs ``direct`` (the module started without a
+     launcher process; :func:`mimesis_lab.train.launch.build_command`).
 
-2. **A whole run**: ``dvc repro -f`` of the project in a fresh clone (``--clone``, default) or a
-   timestamped log of one (``--log FILE``, each line prefixed with the epoch second). Per stage: wall
-   time (from ``Running stage`` to the next), the stage's own work (data stages: the ``work`` they log;
-   training stages: the job's ``final.wall_time_s`` in ``models/<phase>/metrics.jsonl``; evaluation
-   stages: the flow run's body, from ``Beginning flow run`` to ``Finished in state``), and overhead =
-   wall − work; in total, the overhead share of the run.
+2. **A whole run**: ``dvc repro -f`` of the project in a fresh clone (``--clone``, default) or the log of
+   one (``--log FILE``, ``--project`` the folder it ran in). Best timestamped, each line prefixed with the
+   epoch second (what the clone run writes; by hand: ``dvc repro -f 2>&1 | while IFS= read -r l; do printf
+   '%s %s\\n' "$(date +%s)" "$l"; done | tee repro.log``). A plain log is refused with that advice, or,
+   with ``--mtimes``, timed approximately by the mtimes of each stage's outputs (``dvc.lock``; the first
+   stage's wall time then unknown). Per stage: wall time (from ``Running stage`` to the next), the stage's
+   own work (data stages: the ``work`` they log; training stages: the job's ``final.wall_time_s`` in
+   ``models/<phase>/metrics.jsonl`` plus the flow's evaluation of the final model, ``final_eval_wall_time_s``
+   in ``metrics/<phase>.json`` (midtrain's unigram baseline, sft's format check); evaluation stages: the flow run's body, from ``Beginning flow run`` to
+   ``Finished in state``, by the line prefixes or Prefect's own time of day), and overhead = wall − work;
+   in total, the overhead share of the run.
 
-    python bench/bench_overhead.py [--repeat 5] [--pieces-only | --run-only] [--log repro.log] [--out f.json]
+    python bench/bench_overhead.py [--repeat 5] [--pieces-only | --run-only] [--log repro.log [--project DIR]
+                                   [--mtimes]] [--out f.json]
 
 Not a test: run on an otherwise idle machine (2 cores: anything else running distorts every figure).
 """
@@ -105,22 +111,31 @@ def pieces(repeat: int) -> dict:
         i = cmd.index("mimesis_lab.jobs.sft")
         return cmd[:i] + ["bench_noop_job"]               # the launcher's own arguments, a no-op module
 
-    plain = [sys.executable, "-c", "import os; os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', "
-             f"MASTER_ADDR='127.0.0.1', MASTER_PORT='{free_port()}')\n" + NOOP_JOB]
+    direct_env = {**job_env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(free_port())}     # what launch.job_env gives a `direct` job
     launch = _interleaved({"deepspeed": (launcher_cmd("deepspeed"), job_env),
                            "torchrun": (launcher_cmd("torchrun"), job_env),
-                           "python": (plain, job_env)}, work, repeat)
+                           "direct": (launcher_cmd("direct"), direct_env)}, work, repeat)
     return {"flow_start": flows, "flow_start_ratio": flows["ephemeral"]["median_s"] / flows["shared"]["median_s"],
             "job_launch": launch,
-            "job_launch_saving_s": launch["deepspeed"]["median_s"] - launch["torchrun"]["median_s"]}
+            "job_launch_saving_s": launch["deepspeed"]["median_s"] - launch["torchrun"]["median_s"],
+            "job_launch_direct_saving_s": launch["torchrun"]["median_s"] - launch["direct"]["median_s"]}
 
 
 # ----------------------------------------------------------------------------- a whole run
 TRAINING = ("midtrain", "sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd")
-STAGE_RE = re.compile(r"^(\d+) Running stage '([^']+)'")
-WORK_RE = re.compile(r"^(\d+) .* (\w+): done in [\d.]+s \(work ([\d.]+)s")
-FLOW_BEGIN_RE = re.compile(r"^(\d+) .*Beginning flow run")
-FLOW_END_RE = re.compile(r"^(\d+) .*Finished in state")
+EPOCH = r"^(?:(\d+) )?"          # a timestamped log prefixes every line with the epoch second
+STAGE_RE = re.compile(EPOCH + r"Running stage '([^']+)'")
+WORK_RE = re.compile(EPOCH + r".* (\w+): done in [\d.]+s \(work ([\d.]+)s")
+FLOW_BEGIN_RE = re.compile(EPOCH + r".*Beginning flow run")
+FLOW_END_RE = re.compile(EPOCH + r".*Finished in state")
+CLOCK_RE = re.compile(r"\b(\d\d):(\d\d):(\d\d)\.(\d{3}) \|")    # Prefect's own time of day in its log lines
+TIMESTAMP_HOWTO = ("dvc repro -f 2>&1 | while IFS= read -r l; do printf '%s %s\\n' \"$(date +%s)\" \"$l\"; done "
+                   "| tee repro.log")
+
+
+class LogError(ValueError):
+    """A ``--log`` the run analysis cannot use; the message says why and how to write a usable one."""
 
 
 def _output_dir(project: Path, phase: str) -> Path:
@@ -130,39 +145,96 @@ def _output_dir(project: Path, phase: str) -> Path:
     return project / params[phase]["output_dir"]
 
 
-def analyse(log: Path, project: Path) -> dict:
+def _flow_time(m: re.Match, line: str) -> float | None:
+    """The time of a Prefect flow line: its epoch prefix, else Prefect's time of day (seconds since midnight)."""
+    if m.group(1):
+        return float(m.group(1))
+    c = CLOCK_RE.search(line)
+    return None if c is None else int(c[1]) * 3600 + int(c[2]) * 60 + int(c[3]) + int(c[4]) / 1000
+
+
+def _outputs_mtime(project: Path, stage: str, lock: dict) -> float | None:
+    """When ``stage`` finished, by its outputs: the newest mtime of the files of its ``dvc.lock`` outs."""
+    times = []
+    for out in (lock.get("stages", {}).get(stage) or {}).get("outs", []):
+        p = project / out["path"]
+        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else []
+        times += [f.stat().st_mtime for f in files]
+    return max(times) if times else None
+
+
+def analyse(log: Path, project: Path, mtimes: bool = False) -> dict:
+    """Per stage wall time, work and overhead of the ``dvc repro`` whose output is ``log``. A timestamped log
+    (every line prefixed with the epoch second, :data:`TIMESTAMP_HOWTO`) times each stage from its ``Running
+    stage`` line to the next. A plain log raises :class:`LogError` (how to write a timestamped one), unless
+    ``mtimes``: then the stages are timed by the mtimes of their outputs in ``project`` (``dvc.lock``), a stage
+    ending when its newest output was written (before the stage's own tracking tail, so approximate; the first
+    stage's wall time is unknown; outputs touched after the run make the order wrong, which raises). Raises
+    :class:`LogError` too for a log with no stage in it."""
     lines = log.read_text(errors="replace").splitlines()
     stages: list[dict] = []
     for line in lines:
         if m := STAGE_RE.match(line):
-            stages.append({"stage": m.group(2), "start": int(m.group(1)), "flow_begin": None, "flow_end": None,
-                           "work_s": None})
+            stages.append({"stage": m.group(2), "start": None if m.group(1) is None else int(m.group(1)),
+                           "flow_begin": None, "flow_end": None, "work_s": None})
         elif stages:
             cur = stages[-1]
             if m := WORK_RE.match(line):
                 cur["work_s"] = float(m.group(3))
             elif (m := FLOW_BEGIN_RE.match(line)) and cur["flow_begin"] is None:
-                cur["flow_begin"] = int(m.group(1))
+                cur["flow_begin"] = _flow_time(m, line)
             elif m := FLOW_END_RE.match(line):
-                cur["flow_end"] = int(m.group(1))
-    stamps = [int(x.split()[0]) for x in lines if x.split() and x.split()[0].isdigit()]
-    ends = [s["start"] for s in stages[1:]] + [stamps[-1]]
+                cur["flow_end"] = _flow_time(m, line)
+    if not stages:
+        raise LogError(f"{log}: no `Running stage '…'` line: not the output of a `dvc repro` that ran stages "
+                       f"(write one with: {TIMESTAMP_HOWTO})")
+    timestamped = all(s["start"] is not None for s in stages)
+    if not timestamped and not mtimes:
+        raise LogError(f"{log}: the lines carry no epoch-second prefix, so the stages cannot be timed. Write a "
+                       f"timestamped log: {TIMESTAMP_HOWTO}; or pass --mtimes to time this one (approximately) "
+                       "by the mtimes of the stages' outputs in --project")
+    if timestamped:
+        stamps = [int(x.split()[0]) for x in lines if x.split() and x.split()[0].isdigit()]
+        ends: list[float | None] = [s["start"] for s in stages[1:]] + [stamps[-1]]
+        starts: list[float | None] = [s["start"] for s in stages]
+    else:
+        import yaml
+
+        lock_file = project / "dvc.lock"
+        lock = yaml.safe_load(lock_file.read_text()) if lock_file.is_file() else {}
+        ends = [_outputs_mtime(project, s["stage"], lock) for s in stages]
+        if all(e is None for e in ends):
+            raise LogError(f"{log}: the lines carry no epoch-second prefix and the outputs of its stages are not in "
+                           f"{project} (dvc.lock); pass --project, or write a timestamped log: {TIMESTAMP_HOWTO}")
+        starts = [None] + ends[:-1]
+        backwards = [s["stage"] for s, a, b in zip(stages, starts, ends) if a is not None and b is not None and b < a]
+        if backwards:
+            raise LogError(f"{log}: the outputs of {', '.join(backwards)} are older than those of the stage before: "
+                           f"the mtimes in {project} are not those of this run (files touched since?); write a "
+                           f"timestamped log: {TIMESTAMP_HOWTO}")
     rows = []
-    for s, end in zip(stages, ends):
-        wall = end - s["start"]
+    for s, start, end in zip(stages, starts, ends):
+        wall = None if start is None or end is None else end - start
         work = s["work_s"]
         if s["stage"] in TRAINING:
-            final = [json.loads(x) for x in (_output_dir(project, s["stage"]) / "metrics.jsonl").read_text().splitlines()
+            metrics = _output_dir(project, s["stage"]) / "metrics.jsonl"
+            final = [json.loads(x) for x in (metrics.read_text().splitlines() if metrics.is_file() else [])
                      if '"kind": "final"' in x]
             work = final[-1]["wall_time_s"] if final else None
-        elif work is None and s["flow_begin"] and s["flow_end"]:
-            work = s["flow_end"] - s["flow_begin"]
+            summary = project / "metrics" / f"{s['stage']}.json"   # + the flow's evaluation of the final model
+            if work is not None and summary.is_file():
+                work += json.loads(summary.read_text()).get("final_eval_wall_time_s") or 0.0
+        elif work is None and s["flow_begin"] is not None and s["flow_end"] is not None:
+            work = (s["flow_end"] - s["flow_begin"]) % 86400      # a time of day may wrap at midnight
         rows.append({"stage": s["stage"], "wall_s": wall, "work_s": work,
-                     "overhead_s": None if work is None else max(0.0, wall - work)})
-    total = sum(r["wall_s"] for r in rows)
-    over = sum(r["overhead_s"] or 0.0 for r in rows)
-    return {"stages": rows, "total_s": total, "overhead_s": over, "overhead_share": over / total if total else None,
-            "stages_without_work_figure": [r["stage"] for r in rows if r["work_s"] is None]}
+                     "overhead_s": None if work is None or wall is None else max(0.0, wall - work)})
+    known = [r for r in rows if r["wall_s"] is not None]
+    total = sum(r["wall_s"] for r in known)
+    over = sum(r["overhead_s"] or 0.0 for r in known)
+    return {"timing": "log timestamps" if timestamped else "output mtimes (a plain log)",
+            "stages": rows, "total_s": total, "overhead_s": over, "overhead_share": over / total if total else None,
+            "stages_without_work_figure": [r["stage"] for r in rows if r["work_s"] is None],
+            "stages_without_wall_time": [r["stage"] for r in rows if r["wall_s"] is None]}
 
 
 def repro_in_clone() -> tuple[Path, Path]:
@@ -192,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-only", action="store_true")
     ap.add_argument("--log", type=Path, default=None, help="a timestamped dvc repro log (default: run one)")
     ap.add_argument("--project", type=Path, default=ROOT, help="the project the --log ran in")
+    ap.add_argument("--mtimes", action="store_true", help="time a plain (not timestamped) --log by the mtimes of "
+                    "the stages' outputs in --project (approximate)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out: dict = {}
@@ -201,16 +275,25 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in res.items():
                 print(f"{name:10s} {k:10s} {v['median_s']:6.2f} s [{v['min_s']:.2f}–{v['max_s']:.2f}]")
         print(f"flow start: temporary server / shared server = {p['flow_start_ratio']:.2f}x; "
-              f"job launch: deepspeed − torchrun = {p['job_launch_saving_s']:.1f} s per job")
+              f"job launch: deepspeed − torchrun = {p['job_launch_saving_s']:.1f} s, torchrun − direct = "
+              f"{p['job_launch_direct_saving_s']:.1f} s per job")
     if not args.pieces_only:
         log, project = (args.log, args.project) if args.log else repro_in_clone()
-        out["run"] = r = analyse(log, project)
-        print(f"{'stage':14s} {'wall s':>7s} {'work s':>7s} {'overhead s':>10s}")
+        try:
+            out["run"] = r = analyse(log, project, mtimes=args.mtimes)
+        except (LogError, OSError) as e:
+            print(f"bench_overhead: {e}", file=sys.stderr)
+            return 2
+        print(f"{'stage':14s} {'wall s':>7s} {'work s':>7s} {'overhead s':>10s}   (timing: {r['timing']})")
         for row in r["stages"]:
+            wall = "-" if row["wall_s"] is None else f"{row['wall_s']:.0f}"
             work = "-" if row["work_s"] is None else f"{row['work_s']:.1f}"
             over = "-" if row["overhead_s"] is None else f"{row['overhead_s']:.1f}"
-            print(f"{row['stage']:14s} {row['wall_s']:7.0f} {work:>7s} {over:>10s}")
-        print(f"total {r['total_s']:.0f} s, overhead {r['overhead_s']:.0f} s = {100 * r['overhead_share']:.1f}%")
+            print(f"{row['stage']:14s} {wall:>7s} {work:>7s} {over:>10s}")
+        share = "-" if r["overhead_share"] is None else f"{100 * r['overhead_share']:.1f}%"
+        print(f"total {r['total_s']:.0f} s, overhead {r['overhead_s']:.0f} s = {share}"
+              + (f" (without {', '.join(r['stages_without_wall_time'])}: wall time unknown)"
+                 if r["stages_without_wall_time"] else ""))
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
     return 0

@@ -45,7 +45,7 @@ from mimesis_lab.config import load_params  # noqa: E402
 from mimesis_lab.envs.gyms.base import UserSideError  # noqa: E402
 from mimesis_lab.envs.gyms.registry import ALL_GYMS, MODULES, gym_for_row, load_tasks  # noqa: E402
 from mimesis_lab.rollout.backends import SamplingParams  # noqa: E402
-from mimesis_lab.rollout.serve import ModelServer  # noqa: E402
+from mimesis_lab.rollout.serve import BATCH_WAIT_MS, MAX_BATCH_WAIT_MS, ModelServer  # noqa: E402
 from mimesis_lab.rollout.shim import PrivilegedShim  # noqa: E402
 from mimesis_lab.rollout.user_side import SHIM_MARGIN_S, EndpointUser  # noqa: E402
 
@@ -139,8 +139,10 @@ def main(argv=None) -> int:
     ap.add_argument("--episodes", type=int, default=16, help="episodes in the round (concurrent user turns)")
     ap.add_argument("--repeat", type=int, default=5, help="timed rounds per mode (interleaved)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: agent_grpo.user.max_new_tokens")
-    ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="the batched server's idle gap")
-    ap.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="the batched server's longest wait")
+    ap.add_argument("--batch-wait-ms", type=float, default=BATCH_WAIT_MS,
+                    help="the batched server's idle gap (default: the server's)")
+    ap.add_argument("--max-batch-wait-ms", type=float, default=MAX_BATCH_WAIT_MS,
+                    help="the batched server's longest wait (default: the server's)")
     ap.add_argument("--prefix-cache", type=int, default=0,
                     help="prefix-cache tokens of BOTH servers (0 = off; the rounds repeat the same system prompts, "
                          "so a cache also hits across rounds)")

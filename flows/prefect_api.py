@@ -21,6 +21,12 @@ default). ``python -m flows.prefect_api status|stop`` shows or stops the shared 
 
 The server is started under an exclusive file lock, so concurrent stages (``dvc repro`` of independent
 stages, or two shells) share one server rather than race to start two.
+
+:func:`prestart` starts it in the background without waiting (the data stages call it when they run under
+``dvc repro``, ``DVC_STAGE`` set), so that the server's start (about 18 s on 2 CPU cores) overlaps the data
+stages instead of delaying the first flow; a flow that finds it still starting waits for it rather than
+starting a second one. A prestarted server that no flow uses stops after ``idle_s``.
+``MIMESIS_PREFECT_PRESTART=0`` turns the background start off; ``python -m flows.prefect_api prestart`` runs it.
 """
 from __future__ import annotations
 
@@ -46,7 +52,8 @@ DEFAULT_IDLE_S = 120.0
 START_TIMEOUT_S = 120.0
 HOST = "127.0.0.1"
 
-__all__ = ["use_shared_server", "shared_server", "prefect_home", "server_dir", "status", "stop", "main"]
+__all__ = ["use_shared_server", "shared_server", "prestart", "prefect_home", "server_dir", "status", "stop",
+           "main"]
 
 
 def prefect_home() -> Path:
@@ -80,7 +87,18 @@ def _healthy(api_url: str, timeout_s: float = 3.0) -> bool:
 def _live_state(home: Path) -> dict:
     """The shared server's state when its supervisor runs and the API answers, else ``{}``."""
     state = _read_state(home)
-    if state and process_alive(state["pid"], state.get("started", "")) and _healthy(state["api_url"]):
+    if state.get("api_url") and process_alive(state["pid"], state.get("started", "")) and _healthy(state["api_url"]):
+        return state
+    return {}
+
+
+def _starting(home: Path) -> dict:
+    """A supervisor being started (its marker, younger than ``START_TIMEOUT_S``) or started whose server
+    does not answer yet (``{}`` if none)."""
+    state = _read_state(home)
+    if state.get("starting") and time.time() - float(state.get("since", 0)) < START_TIMEOUT_S:
+        return state
+    if state.get("pid") and process_alive(state["pid"], state.get("started", "")):
         return state
     return {}
 
@@ -122,11 +140,16 @@ def _take_lease(home: Path) -> None:
     atexit.register(_release)
 
 
-def _start(home: Path, idle_s: float) -> dict:
-    """Start the supervisor (which starts the server) and wait until the API answers."""
+def _spawn(home: Path, idle_s: float) -> tuple[int, subprocess.Popen]:
+    """Start the supervisor (which starts the server) without waiting; ``(port, process)``. A marker naming
+    the port is written first (the caller holds the lock), so no other process starts a second server while
+    this one starts; the supervisor replaces it with its state."""
     d = server_dir(home)
     log = d / "server.log"
     port = free_port()
+    tmp = d / "state.json.tmp"
+    tmp.write_text(json.dumps({"starting": True, "port": port, "since": time.time()}))
+    tmp.replace(_state_path(home))
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "")
                                                                                  .split(os.pathsep))]))}
@@ -135,32 +158,82 @@ def _start(home: Path, idle_s: float) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "flows.prefect_api", "serve", "--home", str(home), "--port",
                                  str(port), "--idle-s", str(idle_s)], cwd=ROOT, env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + START_TIMEOUT_S
+    return port, proc
+
+
+def _wait_ready(home: Path, port: int, proc: subprocess.Popen | None = None,
+                timeout_s: float = START_TIMEOUT_S) -> dict:
+    """Wait until the server started on ``port`` answers; its state. ``{}`` when its start was given up by
+    another process (the state names another port, or none); an error when ``proc`` (our own supervisor)
+    exits or the wait times out."""
+    log = server_dir(home) / "server.log"
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
             raise RuntimeError(f"the shared Prefect server exited with code {proc.returncode}; log {log}:\n{tail}")
         state = _read_state(home)
-        if state.get("pid") == proc.pid and _healthy(state["api_url"]):
+        if state.get("port") != port:
+            return {}
+        if state.get("api_url") and _healthy(state["api_url"]):
             return state
+        if not state.get("starting") and not process_alive(state.get("pid", -1), state.get("started", "")):
+            return {}                                   # its supervisor ended without a server
         time.sleep(0.5)
-    _terminate(proc.pid)
-    raise RuntimeError(f"the shared Prefect server did not answer within {START_TIMEOUT_S:.0f} s; log {log}")
+    if proc is not None:
+        _terminate(proc.pid)
+        raise RuntimeError(f"the shared Prefect server did not answer within {timeout_s:.0f} s; log {log}")
+    return {}
+
+
+def _start(home: Path, idle_s: float) -> dict:
+    """Start the supervisor (which starts the server) and wait until the API answers."""
+    port, proc = _spawn(home, idle_s)
+    return _wait_ready(home, port, proc)
+
+
+def _target(home: Path | None, idle_s: float | None) -> tuple[Path, str | None, float]:
+    """``(Prefect home, the project's running UI API or None, idle_s)`` of a server request."""
+    home = prefect_home() if home is None else Path(home).resolve()
+    ui = _ui_api(ROOT) if home == (ROOT / ".prefect").resolve() else None
+    idle_s = float(os.environ.get("MIMESIS_PREFECT_IDLE_S", DEFAULT_IDLE_S)) if idle_s is None else idle_s
+    return home, ui, idle_s
+
+
+def _disabled() -> bool:
+    return bool(os.environ.get("PREFECT_API_URL")) or os.environ.get("MIMESIS_PREFECT_SERVER", "shared") == "ephemeral"
+
+
+def prestart(home: Path | None = None, idle_s: float | None = None) -> bool:
+    """Start the shared server in the background when none runs or starts (module docstring); True when this
+    call started one. Nothing when the server is off (``PREFECT_API_URL``, ``ephemeral``), when the project's UI
+    answers, or with ``MIMESIS_PREFECT_PRESTART=0``."""
+    if _disabled() or os.environ.get("MIMESIS_PREFECT_PRESTART", "1") == "0":
+        return False
+    home, ui, idle_s = _target(home, idle_s)
+    if ui:
+        return False
+    with _locked(home):
+        if _starting(home):
+            return False
+        _spawn(home, idle_s)
+    return True
 
 
 def use_shared_server(home: Path | None = None, idle_s: float | None = None) -> str | None:
     """The Prefect API URL this process's flow runs should report to (module docstring), starting the
     shared server when needed, and a lease on it for this process's lifetime. ``None`` means "let Prefect
     decide" (``PREFECT_API_URL`` is set, or ``MIMESIS_PREFECT_SERVER=ephemeral``)."""
-    if os.environ.get("PREFECT_API_URL") or os.environ.get("MIMESIS_PREFECT_SERVER", "shared") == "ephemeral":
+    if _disabled():
         return None
-    home = prefect_home() if home is None else Path(home).resolve()
-    ui = _ui_api(ROOT) if home == (ROOT / ".prefect").resolve() else None
+    home, ui, idle_s = _target(home, idle_s)
     if ui:
         return ui
-    idle_s = float(os.environ.get("MIMESIS_PREFECT_IDLE_S", DEFAULT_IDLE_S)) if idle_s is None else idle_s
     with _locked(home):
-        state = _live_state(home) or _start(home, idle_s)
+        state = _live_state(home)
+        if not state:
+            starting = _starting(home)        # a prestarted server: wait for it rather than start a second
+            state = (_wait_ready(home, starting["port"]) if starting else {}) or _start(home, idle_s)
         _take_lease(home)     # under the lock: the supervisor cannot decide "idle" between start and lease
     return state["api_url"]
 
@@ -267,7 +340,7 @@ def status(home: Path | None = None) -> dict:
 def stop(home: Path | None = None) -> bool:
     """Stop the shared server (its supervisor), if one runs. True when one was stopped."""
     state = _read_state(prefect_home() if home is None else Path(home).resolve())
-    if not state or not process_alive(state["pid"], state.get("started", "")):
+    if not state.get("pid") or not process_alive(state["pid"], state.get("started", "")):
         return False
     _terminate(state["pid"])
     return True
@@ -280,11 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--home", required=True)
     sv.add_argument("--port", type=int, required=True)
     sv.add_argument("--idle-s", type=float, default=DEFAULT_IDLE_S)
-    for name in ("status", "stop"):
+    for name in ("status", "stop", "prestart"):
         sub.add_parser(name).add_argument("--home", default=None, help="Prefect home (default: PREFECT_HOME or .prefect)")
     args = ap.parse_args(argv)
     if args.cmd == "serve":
         return serve(Path(args.home), args.port, args.idle_s)
+    if args.cmd == "prestart":
+        print("starting" if prestart(args.home and Path(args.home)) else "not started (running, starting or off)")
+        return 0
     if args.cmd == "status":
         print(json.dumps(status(args.home and Path(args.home)), indent=2))
         return 0

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,75 @@ def retryable(task: Any, task_run: Any, state: Any) -> bool:
     return not (isinstance(exc, LaunchError) and exc.returncode == 2)
 
 
+def _create_phase_run(params: Any, phase: str, cfg: Any, params_path: str, parent_run_id: str | None,
+                      env: dict[str, str]) -> str | None:
+    """The phase's MLflow child run (its params, tags and config files); adds the job's MLflow variables to
+    ``env``. None when tracking is off."""
+    if not params.tracking.enabled:
+        return None
+    tracking.mark_killed_runs(params.tracking, phase)      # runs a SIGKILL left RUNNING -> FAILED
+    run_id = tracking.create_run(
+        params.tracking, phase, parent_run_id,
+        params={**flatten(cfg, f"{param_prefix(phase)}."), **flatten(params.model, "model."), "phase": phase},
+        tags={"mimesis.phase": phase, "mimesis.kind": "train", **tracking.provenance(phase)},
+    )
+    env.update(tracking.tracking_env(params.tracking, run_id))
+    c, _ = tracking.client(params.tracking)
+    for f in (params_path, cfg.deepspeed_config):
+        c.log_artifact(run_id, f, "config")
+    return run_id
+
+
+#: Jobs started ahead by :func:`prestart_first_job` (phase -> :class:`~mimesis_lab.train.launch.PendingJob`).
+_PRESTARTED: dict[str, Any] = {}
+
+
+def prestart_first_job(params: Any, params_path: str, phases: list[str], world_size: int | None) -> None:
+    """Start the first phase's ``direct`` job now, so that its imports overlap the flow's Prefect and MLflow
+    set-up (:func:`mimesis_lab.train.launch.prestart`); :func:`train_phase` releases it."""
+    from mimesis_lab.train.launch import prestart
+
+    phase = next(p for p in PHASES if p in phases)
+    cfg = phase_params(params, phase)
+    try:
+        pending = prestart(phase, params_path, world_size or cfg.world_size, cfg.launcher, dict(os.environ))
+    except (OSError, ValueError) as e:        # an optimisation only: train_phase starts the job itself
+        print(f"[train] {phase}: could not start the job ahead ({e}); starting it when its run exists")
+        return
+    if pending is not None:
+        _PRESTARTED[phase] = pending
+
+
+def cancel_prestarted() -> None:
+    while _PRESTARTED:
+        _PRESTARTED.popitem()[1].cancel()
+
+
+#: What the flow imports after a phase's job (its evaluation of the final model), imported while the job runs.
+AFTER_JOB_IMPORTS = {
+    "midtrain": ("mimesis_lab.evals.loss_baseline", "torch", "mimesis_lab.models", "mimesis_lab.tokenizer",
+                 "mimesis_lab.train.data"),
+    "sft": ("mimesis_lab.evals.think_format", "mimesis_lab.models", "mimesis_lab.tokenizer",
+            "mimesis_lab.rollout.backends", "mimesis_lab.envs.output_format"),
+}
+
+
+def import_in_background(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` on a daemon thread (about 3 s of torch and transformers on 2 cores), while the main
+    thread waits on the job; an import error surfaces where the module is used, as without this."""
+    import importlib
+    import threading
+
+    def work() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001
+                return
+
+    threading.Thread(target=work, name="after-job-imports", daemon=True).start()
+
+
 @task(name="train_phase", log_prints=True)
 def train_phase(phase: str, params_path: str, parent_run_id: str | None,
                 world_size: int | None = None) -> dict[str, Any]:
@@ -83,22 +153,19 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     params = load_params(params_path)
     cfg = phase_params(params, phase)
     env = dict(os.environ)
-    run_id = None
-    if params.tracking.enabled:
-        tracking.mark_killed_runs(params.tracking, phase)      # runs a SIGKILL left RUNNING -> FAILED
-        run_id = tracking.create_run(
-            params.tracking, phase, parent_run_id,
-            params={**flatten(cfg, f"{param_prefix(phase)}."), **flatten(params.model, "model."), "phase": phase},
-            tags={"mimesis.phase": phase, "mimesis.kind": "train", **tracking.provenance(phase)},
-        )
-        env.update(tracking.tracking_env(params.tracking, run_id))
-        c, _ = tracking.client(params.tracking)
-        for f in (params_path, cfg.deepspeed_config):
-            c.log_artifact(run_id, f, "config")
+    pending = _PRESTARTED.pop(phase, None)      # the job, already importing (prestart_first_job), if any
+    try:
+        run_id = _create_phase_run(params, phase, cfg, params_path, parent_run_id, env)
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
     ws = world_size or cfg.world_size
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    import_in_background(AFTER_JOB_IMPORTS.get(phase, ()))
     try:
-        launch(phase, params_path, ws, cfg.launcher, env, log_path=Path(cfg.output_dir) / "job.log")
+        launch(phase, params_path, ws, cfg.launcher, env, log_path=Path(cfg.output_dir) / "job.log",
+               pending=pending)
     except BaseException:
         if run_id:
             tracking.client(params.tracking)[0].set_terminated(run_id, "FAILED")
@@ -106,6 +173,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
     final = Path(cfg.output_dir) / "final"
     summary = json.loads((final / "training_summary.json").read_text())
     summary = {"phase": phase, "world_size": ws, **summary}
+    t_eval = time.perf_counter()
     if phase == "sft":  # does the simulator think before it speaks? (validation prompts: greedy, and sampled
         from mimesis_lab.evals.think_format import evaluate_folder   # as simulator RL samples)
 
@@ -120,13 +188,21 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
 
         summary["unigram"] = unigram_baseline(final, cfg)
         summary["unigram_val_loss"] = summary["unigram"]["val_loss"]
+    if phase in ("sft", "midtrain"):   # can it repeat what its context holds? (the simulator's facts need it)
+        from mimesis_lab.evals.copy_probe import induction_accuracy
+        from mimesis_lab.models import load_model
+
+        probe = induction_accuracy(load_model(final))
+        summary.update({"copy_induction_acc": probe["acc"], "copy_induction_chance": probe["chance"]})
+        # the flow's own evaluation of the final model (bench_overhead: work)
+        summary["final_eval_wall_time_s"] = round(time.perf_counter() - t_eval, 3)
     version = None
     url = ""
     if run_id:
         c, _ = tracking.client(params.tracking)
         c.log_artifacts(run_id, str(final), "model")
         for k, v in summary.items():
-            if (k.startswith(("format_", "first_", "last_", "unigram_")) or k.endswith("_total")) \
+            if (k.startswith(("format_", "first_", "last_", "unigram_", "copy_")) or k.endswith("_total")) \
                     and isinstance(v, (int, float)) and not isinstance(v, bool):
                 c.log_metric(run_id, k, float(v))
         rollouts = Path(cfg.output_dir) / "rollouts.jsonl"
@@ -155,35 +231,40 @@ def train_flow(phases: list[str], params_path: str = "params.yaml", world_size: 
     if unknown or not phases:
         raise ValueError(f"unknown phase(s) {unknown or phases}; expected a non-empty subset of {PHASES}")
     flow_name = phases[0] if len(phases) == 1 else "train"
-    claim_flow_run()                                           # flow runs a SIGKILL left RUNNING -> CRASHED
     params = load_params(params_path)
-    parent = None
-    if params.tracking.enabled:
-        parent = tracking.create_run(params.tracking, flow_name, tags={
-            "mimesis.kind": "flow", "mimesis.phases": ",".join(phases), **tracking.provenance(flow_name)})
-    results: dict[str, Any] = {}
+    if not _PRESTARTED:                                        # run from a deployment, not from main()
+        prestart_first_job(params, params_path, phases, world_size)
     try:
-        for phase in [p for p in PHASES if p in phases]:
-            retries = 2 if phase_params(params, phase).resume == "auto" else 0
-            results[phase] = train_phase.with_options(retries=retries, retry_delay_seconds=5,
-                                                      retry_condition_fn=retryable)(
-                phase, params_path, parent, world_size)
-    except BaseException:
+        claim_flow_run()                                           # flow runs a SIGKILL left RUNNING -> CRASHED
+        parent = None
+        if params.tracking.enabled:
+            parent = tracking.create_run(params.tracking, flow_name, tags={
+                "mimesis.kind": "flow", "mimesis.phases": ",".join(phases), **tracking.provenance(flow_name)})
+        results: dict[str, Any] = {}
+        try:
+            for phase in [p for p in PHASES if p in phases]:
+                retries = 2 if phase_params(params, phase).resume == "auto" else 0
+                results[phase] = train_phase.with_options(retries=retries, retry_delay_seconds=5,
+                                                          retry_condition_fn=retryable)(
+                    phase, params_path, parent, world_size)
+        except BaseException:
+            if parent:
+                tracking.client(params.tracking)[0].set_terminated(parent, "FAILED")
+            raise
         if parent:
-            tracking.client(params.tracking)[0].set_terminated(parent, "FAILED")
-        raise
-    if parent:
-        c, _ = tracking.client(params.tracking)
-        for phase, s in results.items():
-            for k in SUMMARY_KEYS:
-                if isinstance(s.get(k), (int, float)):
-                    c.log_metric(parent, f"{phase}.{k}", float(s[k]))
-        c.set_terminated(parent, "FINISHED")
-        url = tracking.run_url(params.tracking, parent)
-        body = "\n".join(f"- **{p}**: " + ", ".join(f"{k}={s.get(k)}" for k in SUMMARY_KEYS if k in s)
-                         for p, s in results.items())
-        create_markdown_artifact(markdown=f"# {flow_name} flow\n\nMLflow parent run: [{url}]({url})\n\n{body}\n",
-                                 key=f"{flow_name.replace('_', '-')}-flow-summary", description="training summary")
+            c, _ = tracking.client(params.tracking)
+            for phase, s in results.items():
+                for k in SUMMARY_KEYS:
+                    if isinstance(s.get(k), (int, float)):
+                        c.log_metric(parent, f"{phase}.{k}", float(s[k]))
+            c.set_terminated(parent, "FINISHED")
+            url = tracking.run_url(params.tracking, parent)
+            body = "\n".join(f"- **{p}**: " + ", ".join(f"{k}={s.get(k)}" for k in SUMMARY_KEYS if k in s)
+                             for p, s in results.items())
+            create_markdown_artifact(markdown=f"# {flow_name} flow\n\nMLflow parent run: [{url}]({url})\n\n{body}\n",
+                                     key=f"{flow_name.replace('_', '-')}-flow-summary", description="training summary")
+    finally:
+        cancel_prestarted()                                    # a job no phase released (a failure before it)
     return results
 
 
@@ -193,8 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="override the phases' world_size")
     args = ap.parse_args(argv)
-    with shared_server():       # one Prefect API server for the whole dvc repro (flows/prefect_api.py)
-        train_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
+    try:   # the first job imports while the Prefect server is reached and the flow run and MLflow runs are made
+        prestart_first_job(load_params(args.params), args.params, args.phases, args.world_size)
+    except Exception as e:  # noqa: BLE001 - bad params: the flow run reports them
+        print(f"[train] no job started ahead: {e}")
+    try:
+        with shared_server():       # one Prefect API server for the whole dvc repro (flows/prefect_api.py)
+            train_flow(phases=args.phases, params_path=args.params, world_size=args.world_size)
+    finally:
+        cancel_prestarted()         # a job the flow never released (it failed before its launch)
     return 0
 
 

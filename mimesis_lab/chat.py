@@ -41,6 +41,22 @@ def markup_reason(messages: str, content: str = "content", role: str = "role") -
         msg.struct.field(content).str.extract(f"({MARKUP_PATTERN})", 1)))
 
 
+def strip_markup(text: pl.Expr) -> pl.Expr:
+    """``text`` (a string expression) without any :data:`MARKUP_TOKENS` string (the ``clean`` setting of
+    ``role_swap.markup`` / ``thoughttrace.markup``)."""
+    return text.str.replace_all(MARKUP_PATTERN, "")
+
+
+def strip_markup_messages(messages: str, content: str = "content", notes: tuple[str, ...] = ()) -> pl.Expr:
+    """The list[struct] column ``messages`` with :func:`strip_markup` applied to every message's
+    ``content`` and to the ``content`` of every note in its ``notes`` list fields (ThoughtTrace's
+    ``reasons``/``reactions``)."""
+    fields = [strip_markup(pl.field(content))]
+    fields += [pl.field(n).list.eval(pl.element().struct.with_fields(strip_markup(pl.field("content"))))
+               for n in notes]
+    return pl.col(messages).list.eval(pl.element().struct.with_fields(*fields)).alias(messages)
+
+
 def empty_turn_reason(messages: str, human: str = "user", content: str = "content", role: str = "role") -> pl.Expr:
     """Per row, null or ``empty human turn: `{messages}[i].{content}` is empty or whitespace only``
     for the first message of role ``human`` without text (vectorised)."""

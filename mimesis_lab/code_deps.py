@@ -42,8 +42,15 @@ def _file_of(module: str, root: Path) -> Path | None:
     return None
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Project modules named by the import statements of ``path`` (``module`` is its dotted name)."""
+def _imports(path: Path, module: str) -> frozenset[str]:
+    """Project modules named by the import statements of ``path`` (``module`` is its dotted name); parsed
+    once per version of the file (its mtime and size), as every closure of a process shares the files."""
+    st = path.stat()
+    return _parsed_imports(path, module, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=None)
+def _parsed_imports(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_pkg = path.name == "__init__.py"
     out: set[str] = set()
@@ -60,7 +67,7 @@ def _imports(path: Path, module: str) -> set[str]:
                 head = node.module or ""
             out.add(head)
             out.update(f"{head}.{a.name}" for a in node.names)   # `from pkg import submodule`
-    return {m for m in out if m.split(".")[0] in PACKAGES}
+    return frozenset(m for m in out if m.split(".")[0] in PACKAGES)
 
 
 @lru_cache(maxsize=None)
@@ -102,7 +109,8 @@ def code_identity(module: str, root: Path = ROOT) -> str:
 
 def stage_modules(cmd: str) -> list[str]:
     """The modules a stage command runs: ``python -m M …`` → ``[M]``; a training flow
-    (``flows.train --phases P …``) also runs the job module of each phase."""
+    (``flows.train --phases P …``) also runs the job module of each phase, and the runner of a job
+    started ahead (:mod:`mimesis_lab.train.prestart`)."""
     m = re.match(r"\s*python\s+-m\s+([\w.]+)(.*)", cmd)
     if not m:
         raise ValueError(f"stage command {cmd!r} is not `python -m <module> …`")
@@ -112,6 +120,7 @@ def stage_modules(cmd: str) -> list[str]:
         phases = args[args.index("--phases") + 1:] if "--phases" in args else []
         phases = [p for p in phases if not p.startswith("-")]
         mods += sorted({JOB_MODULES[p] for p in phases})
+        mods.append("mimesis_lab.train.prestart")   # a direct job started ahead runs through it
     return mods
 
 

@@ -14,85 +14,31 @@ experiment whose creator is gone from this host becomes ``FAILED`` with the tag
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
 from mimesis_lab.config import TrackingParams
-
-PARENT_ENV = "MIMESIS_PARENT_RUN_ID"
-
-
-def project_root() -> Path:
-    """The repository root (the folder holding ``params.yaml``), found from this file."""
-    return Path(__file__).resolve().parent.parent
-
-
-def resolve_tracking_uri(uri: str, root: Path | None = None) -> str:
-    """Make a relative ``sqlite:///`` path absolute against the project root."""
-    root = root or project_root()
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        db = (root / uri[len(prefix):]).resolve()
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return f"{prefix}{db}"
-    return uri
-
-
-def git_commit(root: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root or project_root(), capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def git_dirty(root: Path | None = None) -> bool | None:
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root or project_root(), capture_output=True, text=True, timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def dvc_lock_hashes(stage: str, root: Path | None = None) -> dict[str, str]:
-    """``path -> md5`` of the stage's deps and outs as recorded in ``dvc.lock`` (empty if none)."""
-    lock = (root or project_root()) / "dvc.lock"
-    if not lock.exists():
-        return {}
-    data = yaml.safe_load(lock.read_text()) or {}
-    entry = (data.get("stages") or {}).get(stage) or {}
-    out: dict[str, str] = {}
-    for kind in ("deps", "outs"):
-        for item in entry.get(kind) or []:
-            if "md5" in item:
-                out[f"{kind}:{item['path']}"] = item["md5"]
-    return out
+from mimesis_lab.tracking_base import (  # noqa: F401 - re-exported: the module's public names
+    PARENT_ENV,
+    dvc_lock_hashes,
+    file_sha256,
+    git_commit,
+    git_dirty,
+    project_root,
+    resolve_tracking_uri,
+)
 
 
 def _setup(tracking: TrackingParams):
     import mlflow
 
+    from mimesis_lab.tracking_queue import wait_drained
+
     root = project_root()
+    wait_drained(root)          # the data stages' queued runs first: store order = stage order, one writer
     mlflow.set_tracking_uri(resolve_tracking_uri(tracking.tracking_uri, root))
     exp = mlflow.get_experiment_by_name(tracking.experiment)
     if exp is None:
@@ -141,6 +87,23 @@ def log_stage_run(
             if Path(path).exists():
                 mlflow.log_artifact(str(path))
         return run.info.run_id
+
+
+def record_stage_run(tracking: TrackingParams, stage: str, params: dict[str, Any], metrics: dict[str, float],
+                     input_hashes: dict[str, str], artifacts: Iterable[Path] = (),
+                     start_time_ms: int | None = None) -> str | None:
+    """A data stage's MLflow record: queued (:func:`mimesis_lab.tracking_queue.enqueue`) when
+    :func:`mimesis_lab.tracking_queue.deferred`, else logged now (:func:`log_stage_run`). Returns a line for the
+    stage's log (None: tracking off). Imports no MLflow when the record is queued."""
+    if not tracking.enabled:
+        return None
+    from mimesis_lab.tracking_queue import deferred, enqueue
+
+    if deferred():
+        rec = enqueue(tracking, stage, params, metrics, input_hashes, artifacts, start_time_ms=start_time_ms)
+        return f"MLflow run queued ({rec.relative_to(project_root()) if rec else '-'}; logged in the background)"
+    run_id = log_stage_run(tracking, stage, params, metrics, input_hashes, artifacts)
+    return f"MLflow run {run_id}" if run_id else None
 
 
 # ---------------------------------------------------------------- training runs (flows + jobs)

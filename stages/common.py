@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -194,18 +196,35 @@ def _scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, floa
     return {k.replace(" ", "_")[:250]: v for k, v in out.items()}
 
 
-def track(stage: str, params: Params, section: Any, result: StageResult, metrics: dict[str, Any]) -> str | None:
-    from mimesis_lab.tracking import file_sha256, log_stage_run
+def track(stage: str, params: Params, section: Any, result: StageResult, metrics: dict[str, Any],
+          start_time_ms: int | None = None) -> str | None:
+    """Record the stage run in MLflow (queued under ``dvc repro``: :mod:`mimesis_lab.tracking_queue`);
+    returns the line to log."""
+    from mimesis_lab.tracking import file_sha256
+    from mimesis_lab.tracking import record_stage_run
 
     hashes = {str(p): file_sha256(p) for p in result.inputs if Path(p).is_file()}
-    return log_stage_run(
+    return record_stage_run(
         params.tracking,
         stage,
         flatten(section, f"{stage}."),
         _scalar_metrics(metrics),
         hashes,
         artifacts=[metrics_path(stage), Path("params.yaml")],
+        start_time_ms=start_time_ms,
     )
+
+
+def prestart_prefect() -> None:
+    """Under ``dvc repro`` (``DVC_STAGE`` set), have the shared Prefect server of the training and evaluation
+    flows start in the background now (``python -m flows.prefect_api prestart``, a detached process: nothing
+    waits for it), so its start overlaps the data stages instead of delaying the first flow."""
+    try:
+        subprocess.Popen([sys.executable, "-m", "flows.prefect_api", "prestart"], cwd=Path(__file__).resolve().parents[1],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    except OSError as e:       # an optimisation only: the first flow starts the server itself
+        log.warning("could not start the shared Prefect server in the background: %s", e)
 
 
 def main(stage: str, build: Callable[[Params], StageResult], section: Callable[[Params], Any],
@@ -216,7 +235,10 @@ def main(stage: str, build: Callable[[Params], StageResult], section: Callable[[
     parser.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    t0 = time.perf_counter()
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)   # its INFO is import-time noise
+    if os.environ.get("DVC_STAGE"):
+        prestart_prefect()
+    t0, started_ms = time.perf_counter(), int(time.time() * 1000)
     try:
         params = load_params(args.params)
         result = build(params)
@@ -226,9 +248,9 @@ def main(stage: str, build: Callable[[Params], StageResult], section: Callable[[
         return 2
     work_s = time.perf_counter() - t0
     if not args.no_track:
-        run_id = track(stage, params, section(params), result, metrics)
-        if run_id:
-            log.info("%s: MLflow run %s", stage, run_id)
+        line = track(stage, params, section(params), result, metrics, start_time_ms=started_ms)
+        if line:
+            log.info("%s: %s", stage, line)
     # bench/bench_overhead.py reads "work": the stage's own reading, computing and writing
     log.info("%s: done in %.2fs (work %.2fs, tracking %.2fs)", stage, time.perf_counter() - t0, work_s,
              time.perf_counter() - t0 - work_s)

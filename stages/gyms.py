@@ -31,7 +31,9 @@ is not its task's expected result), ``gym`` (the episode cannot be built), ``dup
 held-out gym's rows all go to ``test`` (counted as ``moved_to_test``); a training gym's rows without
 a split, or a training gym with no ``val`` row, get ``train``/``val`` from the seeded shuffle above.
 ``metrics/gyms.json`` has ``rows_in``/``rows_out``/``rows_quarantined`` in total and per gym
-(``per_gym``), with the quarantine reasons per gym.
+(``per_gym``), with the quarantine reasons per gym, and ``gyms_without_rows``: each gym left without a
+row (UserRL published none, or all were quarantined) with the reason (also logged as a warning; the
+``validate`` suites then do not require it, and ``agent_eval`` notes its cells as having no rows).
 
 The quarantine (``data/quarantine/gyms.parquet``) is written even when the stage then fails
 (e.g. a training gym with fewer than two usable tasks), so the reasons are not lost.
@@ -53,7 +55,7 @@ from mimesis_lab.config import GymsParams, Params
 from mimesis_lab.envs.gyms import registry
 from mimesis_lab.envs.gyms.base import GYMS, create_kwargs, gym_name
 from mimesis_lab.io import InputFileError, Quarantine, expand_glob, read_bytes, read_parquet
-from stages.common import StageError, StageResult, main, quarantine_path
+from stages.common import StageError, StageResult, log, main, quarantine_path
 
 STAGE = "gyms"
 SPLITS = ("train", "val", "test")
@@ -151,6 +153,21 @@ def _load_one(gym: str, file: Path, layout: str, entry: Entry, tmp: Path,
     return tid, task
 
 
+def check_search_corpus(file: Path, records: list[Any]) -> None:
+    """Without ``gyms.search_corpus`` a search task is searched in the ``passages.jsonl`` beside its task
+    file (or the passages its record names): when that corpus is missing, the file-level error names it
+    and the key to set, instead of one quarantined row per task (Bamboogle's questions come without one)."""
+    sibling = file.parent / "passages.jsonl"
+    if sibling.is_file():
+        return
+    if all(isinstance(r, dict) and isinstance(r.get("passages_path"), str) for r in records):
+        return
+    raise InputFileError(f"{display(file)}: the search tasks have no corpus: no gyms.search_corpus is set and "
+                         f"{display(sibling)} (the default, beside the task file) does not exist; set "
+                         "gyms.search_corpus to a JSONL corpus of {id, title, text} passages, or leave "
+                         "gyms.tasks.search null")
+
+
 def load_gym(gym: str, path: str | None, quarantine: Quarantine,
              options: dict[str, Any] | None = None) -> tuple[Path, int, list[tuple[Entry, str, dict]]]:
     """Read ``gym``'s task file: (file, records read, [(entry, task id, task)] of the loadable records).
@@ -162,6 +179,8 @@ def load_gym(gym: str, path: str | None, quarantine: Quarantine,
     layout, entries = read_entries(file)
     src = display(file)
     ids = [e.task_id for e in entries]
+    if gym == "search" and not (options or {}).get("corpus"):
+        check_search_corpus(file, [e.item[1] if layout == "dict" else e.item for e in entries])
     try:
         tasks = registry.load_tasks(gym, path, **(options or {}))
     except Exception:  # noqa: BLE001 - a malformed record: isolate it below
@@ -287,7 +306,9 @@ def build_from_tasks(cfg: GymsParams, quarantine: Quarantine) -> StageResult:
         else:
             split_of = {t: "test" for t, _ in built}
         counts = Counter(split_of.values())
-        per_gym[gym] = {"tasks_in": n, **{s: counts.get(s, 0) for s in SPLITS}, "quarantined": len(quarantine) - q0}
+        per_gym[gym] = {"tasks_in": n, **{s: counts.get(s, 0) for s in SPLITS}, "quarantined": len(quarantine) - q0,
+                        "quarantine_by_reason": dict(sorted(Counter(
+                            r.split(":")[0] for r in quarantine.reason[q0:]).items()))}
         for tid, row in built:
             split = split_of[tid]
             rows[split].append({"gym": gym, "task_id": tid, "row": row})
@@ -526,9 +547,13 @@ def import_userrl_rows(cfg: GymsParams, quarantine: Quarantine) -> StageResult:
                    **{sp: c[sp] for sp in SPLITS}, "moved_to_test": c["moved_to_test"],
                    "quarantine_by_reason": dict(sorted(reasons[g].items()))}
                for g, c in stats.items() if c["rows_in"]}
+    without = gyms_without_rows(per_gym)
+    if without:
+        log.warning("gyms: no rows for %s", "; ".join(f"{g} ({why})" for g, why in without.items()))
     outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
     extra = {
         "source": "userrl_rows",
+        "gyms_without_rows": without,
         "userrl_rows": str(cfg.userrl_rows),
         "row_files": per_file,
         "sizes": {s: frames[s].height for s in SPLITS},
@@ -541,6 +566,20 @@ def import_userrl_rows(cfg: GymsParams, quarantine: Quarantine) -> StageResult:
     }
     return StageResult(outputs=outputs, rows_in=rows_in, rows_out=sum(f.height for f in frames.values()),
                        quarantine=quarantine, inputs=[*paths, *files.paths], extra=extra)
+
+
+def gyms_without_rows(per_gym: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Gym -> why it has no row in the output (UserRL published none in ``gyms.userrl_rows``, or every one
+    was quarantined, with the reasons): such a gym is not evaluated, and says so."""
+    out = {}
+    for g in registry.ALL_GYMS:
+        v = per_gym.get(g)
+        if not v:
+            out[g] = "no row in gyms.userrl_rows"
+        elif not v["rows_out"]:
+            why = ", ".join(f"{k}: {n}" for k, n in v["quarantine_by_reason"].items())
+            out[g] = f"all {v['rows_in']} row(s) quarantined ({why})"
+    return out
 
 
 def build(params: Params) -> StageResult:

@@ -1,16 +1,19 @@
 """DVC stage ``role_swap``: WildChat-style chat logs -> user-side mid-training rows (SPEC §2.1).
 
-Sources are files matched by the ``mixture`` globs (source name = file stem): WildChat-style
+Sources are the ``mixture`` entries (:func:`source_files`: a file is named by its stem; a glob or
+folder, whose shards form one source, by its last path component without a wildcard): WildChat-style
 JSONL, or WildChat's published parquet shards (a glob over ``*.parquet``, or a folder: its
 ``*.jsonl``/``*.parquet`` files), read in batches of about ``chunk_mb`` (only the columns used;
 a message's ``role``/``content``/``hashed_ip``). Each conversation is schema-checked (msgspec,
 per line or flagged row), decoded in one vectorised pass (polars), checked (user id, oversize,
-empty human turn, chat-template tokens or think tags in any turn, a turn of the trained role,
+empty human turn, chat-template tokens or think tags in any turn (quarantined, or stripped and
+counted with ``markup: clean``), a turn of the trained role,
 duplicates), routed to the swap or no-swap processor by source, and given its seeded mixture
 ``copies``.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -20,7 +23,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from mimesis_lab.chat import ROLES, empty_turn_reason, markup_reason, role_swap_frame
+from mimesis_lab.chat import ROLES, empty_turn_reason, markup_reason, role_swap_frame, strip_markup_messages
 from mimesis_lab.config import Params, RoleSwapParams
 from mimesis_lab.io import InputFileError, Quarantine, expand_glob, iter_jsonl_frames, iter_parquet_frames
 from mimesis_lab.mixture import mixture_copies, source_rng
@@ -74,28 +77,60 @@ OUTPUT_COLUMNS = [
 SUFFIXES = (".jsonl", ".parquet")
 
 
-def source_files(cfg: RoleSwapParams) -> list[tuple[Path, float]]:
-    """``(file, ratio)`` for every file matched by the mixture globs, in params order."""
+_WILDCARD = re.compile(r"[*?\[]")
+#: Folder names of dataset layouts that say nothing of the dataset (``WildChat-1M/data/train-*.parquet``):
+#: skipped when naming a source, unless nothing else is left.
+GENERIC_FOLDERS = frozenset({"data", "default", "train", "test", "validation", "parquet", "shards"})
+
+
+def source_name(glob: str) -> str | None:
+    """The source name of a mixture entry that may stand for several files (a glob, or a folder):
+    the last component of its path without a wildcard, its suffix dropped, and skipping the
+    :data:`GENERIC_FOLDERS` of dataset layouts (``data/wildchat/train-*.parquet`` -> ``wildchat``,
+    ``WildChat-1M/data/train-*.parquet`` -> ``WildChat-1M``, ``data/wildchat`` -> ``wildchat``); ``None``
+    for the path of one file (its source name is the file stem)."""
+    path = Path(glob)
+    if not _WILDCARD.search(glob) and not path.is_dir():
+        return None
+    fixed = [p for p in path.parts if not _WILDCARD.search(p) and p not in ("/", ".", "..")]
+    if not fixed:
+        return glob
+    name = next((p for p in reversed(fixed) if p.lower() not in GENERIC_FOLDERS), fixed[-1])
+    for suffix in SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name
+
+
+def source_files(cfg: RoleSwapParams) -> list[tuple[Path, float, str]]:
+    """``(file, ratio, source name)`` for every file matched by the mixture globs, in params order.
+    A mixture entry is one source: the shards a glob or folder matches (WildChat's
+    ``train-000NN-of-000MM.parquet``) share the entry's name (:func:`source_name`), their rows are
+    sampled together at the entry's ratio; the path of one file is named by its stem."""
     seen: dict[Path, str] = {}
-    out: list[tuple[Path, float]] = []
+    names: dict[str, str] = {}     # source name -> the mixture entry that has it
+    out: list[tuple[Path, float, str]] = []
     for glob, ratio in cfg.mixture.items():
+        shared = source_name(glob)
         for path in expand_glob(glob, folder_suffixes=SUFFIXES):
             if path in seen:
                 raise InputFileError(f"{path}: matched by two mixture globs ({seen[path]!r} and {glob!r})")
-            twin = next((p for p in seen if p.stem == path.stem), None)
-            if twin is not None:
-                raise InputFileError(f"{path}: source name {path.stem!r} (the file stem) is also used by {twin}")
+            name = shared or path.stem
+            if names.setdefault(name, glob) != glob:
+                raise InputFileError(f"{path}: source name {name!r} (of mixture entry {glob!r}) is also the name "
+                                     f"of mixture entry {names[name]!r}; a glob or folder is named by its last "
+                                     "path component without a wildcard, a file by its stem: rename one")
             seen[path] = glob
-            out.append((path, ratio))
-    sources = {p.stem for p in seen}
-    unknown = sorted(set(cfg.no_swap_sources) - sources)
+            out.append((path, ratio, name))
+    unknown = sorted(set(cfg.no_swap_sources) - set(names))
     if unknown:
-        raise StageError(f"params role_swap.no_swap_sources names unknown source(s) {unknown}; known: {sorted(sources)}")
+        raise StageError(f"params role_swap.no_swap_sources names unknown source(s) {unknown}; known: {sorted(names)}")
     return out
 
 
 def check_rows(df: pl.DataFrame, cfg: RoleSwapParams, seen: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Add ``user_id``, ``swap`` and a ``reason`` (null = valid) to decoded rows (vectorised).
+    """Add ``user_id``, ``swap`` and a ``reason`` (null = valid) to decoded rows (vectorised). With
+    ``markup: clean`` the chat-template tokens and think tags are stripped first (``_cleaned`` marks
+    the rows that held one).
 
     ``seen`` (``conversation_hash``, ``_first_loc``) holds the ids accepted from earlier
     chunks; a row repeating one of them, or an earlier valid row of this chunk, is a
@@ -103,6 +138,9 @@ def check_rows(df: pl.DataFrame, cfg: RoleSwapParams, seen: pl.DataFrame | None 
     """
     conv = pl.col("conversation")
     role = pl.element().struct.field("role")
+    if cfg.markup == "clean":   # strip the tokens before the checks: a human turn left empty is still caught
+        df = df.with_columns(markup_reason("conversation").is_not_null().alias("_cleaned"))
+        df = df.with_columns(strip_markup_messages("conversation"))
     df = df.with_columns(
         pl.coalesce(
             pl.col("hashed_ip"),
@@ -195,17 +233,20 @@ def run_role_swap(cfg: RoleSwapParams) -> StageResult:
     seen = pl.DataFrame(schema={"conversation_hash": pl.Utf8, "_first_loc": pl.Utf8})
     users: set[str] = set()
     per_source: dict[str, dict] = {}
-    rows_in = 0
+    rows_in = cleaned = 0
     try:
-        for path, ratio in files:
-            src = per_source.setdefault(path.stem, {"rows_in": 0, "rows_out": 0, "ratio": ratio,
-                                                    "swap": path.stem not in cfg.no_swap_sources})
+        for path, ratio, name in files:
+            src = per_source.setdefault(name, {"rows_in": 0, "rows_out": 0, "ratio": ratio, "files": 0,
+                                               "swap": name not in cfg.no_swap_sources})
+            src["files"] += 1
             for df, n in read_source(path, cfg, quarantine):
                 rows_in += n
                 src["rows_in"] += n
                 checked = check_rows(df.with_columns(
-                    pl.lit(path.stem).alias("source"), pl.lit(str(path)).alias("source_file")), cfg, seen)
+                    pl.lit(name).alias("source"), pl.lit(str(path)).alias("source_file")), cfg, seen)
                 quarantine_rows(checked, quarantine)
+                if "_cleaned" in checked.columns:
+                    cleaned += int(checked.filter(pl.col("reason").is_null()).get_column("_cleaned").sum())
                 out = transform(checked)
                 writer.write(out)
                 seen = pl.concat([seen, out.select(
@@ -229,12 +270,14 @@ def run_role_swap(cfg: RoleSwapParams) -> StageResult:
         "rows_swapped": swapped,
         "rows_no_swap": writer.rows - swapped,
         "sources": {k: {"rows_in": v["rows_in"], "rows_out": v["rows_out"], "samples": v["samples"],
-                        "swap": v["swap"]}
+                        "swap": v["swap"], "files": v["files"]}
                     for k, v in per_source.items()},
         "users": len(users),
+        "markup": cfg.markup,
+        "markup_cleaned": cleaned,
     }
     return StageResult(outputs={cfg.output: writer}, rows_in=rows_in, rows_out=writer.rows,
-                       quarantine=quarantine, inputs=[p for p, _ in files], extra=extra,
+                       quarantine=quarantine, inputs=[p for p, _, _ in files], extra=extra,
                        cleanup=[writer.cleanup])
 
 

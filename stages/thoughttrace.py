@@ -3,7 +3,7 @@
 Schema check per line (msgspec), one vectorised decode (polars), strict alternation
 (others quarantined with the position of the break), no empty user message, no chat-template
 token or think tag in a message or in a reason/reaction (they end up inside the ``<think>`` block
-of the target), then the format of :mod:`mimesis_lab.thoughttrace` applied column-wise.
+of the target; with ``markup: clean`` they are stripped and the cleaned rows counted), then the format of :mod:`mimesis_lab.thoughttrace` applied column-wise.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
-from mimesis_lab.chat import MARKUP_PATTERN, empty_turn_reason, markup_reason
+from mimesis_lab.chat import MARKUP_PATTERN, empty_turn_reason, markup_reason, strip_markup_messages
 from mimesis_lab.config import Params, ThoughtTraceParams
 from mimesis_lab.io import Quarantine, expand_glob, iter_jsonl_frames
 from mimesis_lab.thoughttrace import PROFILE_FIELDS, REACTION_PREFIX, SYSTEM_HEADER
@@ -186,8 +186,14 @@ def notes_markup_reason(field: str) -> pl.Expr:
 
 
 def check_chunk(df: pl.DataFrame, cfg: ThoughtTraceParams, seen: pl.Series) -> pl.DataFrame:
-    """Add ``reason`` (null = valid): duplicate id (of this chunk or an earlier one), oversize, alternation."""
+    """Add ``reason`` (null = valid): duplicate id (of this chunk or an earlier one), oversize, empty user
+    message, markup (or, with ``markup: clean``, the tokens stripped first and ``_cleaned`` set), alternation."""
     df = df.with_columns(pl.int_range(pl.len()).alias("_i"))
+    if cfg.markup == "clean":   # strip the tokens before the checks: a user message left empty is still caught
+        df = df.with_columns((markup_reason("messages", role="type").is_not_null()
+                              | notes_markup_reason("reasons").is_not_null()
+                              | notes_markup_reason("reactions").is_not_null()).alias("_cleaned"))
+        df = df.with_columns(strip_markup_messages("messages", notes=("reasons", "reactions")))
     lens = pl.col("messages").list.eval(pl.element().struct.field("content").str.len_chars())
     df = df.with_columns(_max_len=lens.list.max(), _argmax=lens.list.arg_max())
     duplicate = (pl.col("_i") != pl.col("_i").min().over("id")) | pl.col("id").is_in(seen.implode())
@@ -217,7 +223,7 @@ def run_thoughttrace(cfg: ThoughtTraceParams) -> StageResult:
     writer = PartWriter(cfg.output)
     seen = pl.Series("id", [], dtype=pl.Utf8)
     users: set[str] = set()
-    target_turns = without_reasons = 0
+    target_turns = without_reasons = cleaned = 0
     try:
         for path in expand_glob(cfg.input):
             files.append(path)
@@ -233,6 +239,8 @@ def run_thoughttrace(cfg: ThoughtTraceParams) -> StageResult:
                         "source_file", "row", "reason",
                         pl.struct("id", "model_name", "task_summary", "task_expectation", "survey_answers",
                                   "messages").struct.json_encode().alias("raw")))
+                if "_cleaned" in df.columns:
+                    cleaned += int(df.filter(pl.col("reason").is_null()).get_column("_cleaned").sum())
                 good = df.filter(pl.col("reason").is_null()).with_columns(
                     conversation_id=pl.col("id"),
                     user_id=pl.col("id").str.extract(ID_PATTERN, 1),
@@ -253,6 +261,8 @@ def run_thoughttrace(cfg: ThoughtTraceParams) -> StageResult:
         "target_turns": target_turns,
         "turns_without_reasons": without_reasons,
         "include_reactions": cfg.include_reactions,
+        "markup": cfg.markup,
+        "markup_cleaned": cleaned,
     }
     return StageResult(outputs={cfg.output: writer}, rows_in=rows_in, rows_out=writer.rows,
                        quarantine=quarantine, inputs=files, extra=extra, cleanup=[writer.cleanup])

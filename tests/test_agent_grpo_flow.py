@@ -9,7 +9,7 @@ import pytest
 
 from scripts import agent_grpo_signal as sig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,8 @@ def test_fingerprint_changes_with_imported_code_only(tmp_path):
 
 
 def test_training_stage_depends_on_its_job_module():
-    assert stage_modules("python -m flows.train --phases agent_csd") == ["flows.train", "mimesis_lab.jobs.agent_csd"]
+    assert stage_modules("python -m flows.train --phases agent_csd") == ["flows.train", "mimesis_lab.jobs.agent_csd",
+                                                                         "mimesis_lab.train.prestart"]
     deps = stage_code_deps("python -m flows.train --phases agent_csd", ROOT)
     assert "mimesis_lab/jobs/agent_csd.py" in deps and "flows/train.py" in deps
     # a data stage needs none of the training code

@@ -240,3 +240,14 @@ def test_explain_and_annotate_cli(tmp_path, capsys):
     stale.write_text((ROOT / "params.yaml").read_text().replace("#: Peak learning rate", "#: old text"))
     assert C.main(["--annotate", str(stale)]) == 0
     assert stale.read_text() == (ROOT / "params.yaml").read_text()
+
+
+def test_yaml_load_reads_params_and_lock_as_safe_load_does():
+    """The C loader (used for speed in every stage's start and MLflow provenance) gives safe_load's result."""
+    for name in ("params.yaml", "dvc.lock", "dvc.yaml"):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        assert C.yaml_load(text) == yaml.safe_load(text), name
+    with pytest.raises(yaml.YAMLError):
+        C.yaml_load("a: [1, 2")
+    with pytest.raises(yaml.YAMLError):        # safe: no arbitrary Python objects
+        C.yaml_load("!!python/object/apply:os.system ['true']")

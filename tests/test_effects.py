@@ -237,3 +237,17 @@ def test_load_inputs_detects_identical_weights(tmp_path):
                              sims={"trained": "mimesis", "sft": "sft", "base": "base"}, agents={}, train_gyms=None)
     assert x.identical == {"sim_rl": "sft"} and sha["agent_sft"] is None and sha["sim_rl"] == sha["sft"]
     assert x.midtrain is None and x.sim_rl_rollouts is None and x.sim_records is None
+
+
+def test_sim_rl_gain_carries_the_sft_copy_diagnosis_when_it_fails():
+    fail = [_roll(s, 0.3) for s in (1, 2, 3, 4, 5, 6)]
+    out = eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=fail, sft={"copy_induction_acc": 0.0,
+                                                                         "copy_induction_chance": 1 / 3996}))
+    e = out["sim_rl_reward_gain"]
+    assert not e["passed"] and e["sft_copy_induction_acc"] == 0.0
+    assert "copy accuracy is 0.00" in e["diagnosis"] and "chance 0.0003" in e["diagnosis"]
+    from mimesis_lab.evals.report import effects_markdown
+    assert "copy accuracy is 0.00" in effects_markdown(out)
+    ok = eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=SIM_RL, sft={"copy_induction_acc": 0.9}))
+    assert ok["sim_rl_reward_gain"]["passed"] and "diagnosis" not in ok["sim_rl_reward_gain"]
+    assert "diagnosis" not in eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=fail))["sim_rl_reward_gain"]

@@ -59,9 +59,10 @@ def test_counts_and_split_rules(project):
     for g in registry.TRAIN_GYMS:
         n_val = max(1, round(0.15 * n[g]))
         assert m["per_gym"][g] == {"tasks_in": n[g], "train": n[g] - n_val, "val": n_val, "test": 0,
-                                   "quarantined": 0}, g
+                                   "quarantined": 0, "quarantine_by_reason": {}}, g
     for g in registry.HELD_OUT_GYMS:
-        assert m["per_gym"][g] == {"tasks_in": n[g], "train": 0, "val": 0, "test": n[g], "quarantined": 0}, g
+        assert m["per_gym"][g] == {"tasks_in": n[g], "train": 0, "val": 0, "test": n[g], "quarantined": 0,
+                                   "quarantine_by_reason": {}}, g
     assert m["sizes"] == {s: frames[s].height for s in SPLITS}
     assert m["sizes"] == {"train": 61, "val": 10, "test": 44}   # the bundled task files
     assert m["leaked_task_keys"] == 0 and m["held_out_gyms"] == list(registry.HELD_OUT_GYMS)
@@ -128,6 +129,8 @@ def test_bad_tasks_are_quarantined_one_by_one(project):
     assert m["quarantine_by_reason"] == {"build": 1, "duplicate": 1, "gym": 1, "malformed task": 1}
     assert m["rows_quarantined"] == 4 and m["rows_in"] == 116 and m["rows_in"] == m["rows_out"] + 4
     assert m["per_gym"]["travel"]["quarantined"] == 2 and m["per_gym"]["travel"]["tasks_in"] == 13
+    assert m["per_gym"]["travel"]["quarantine_by_reason"] == {"build": 1, "malformed task": 1}
+    assert m["per_gym"]["tau"]["quarantine_by_reason"] == {"gym": 1}
     # the other travel tasks survive (with their search paths intact for the per-entry load of search/tau)
     all_rows = pl.concat([frames[s] for s in SPLITS])
     travel_ids = set(all_rows.filter(pl.col("gym") == "travel")["task_id"])
@@ -140,9 +143,27 @@ def test_per_entry_load_keeps_sibling_files(project):
     """A malformed search entry forces the per-entry load; the others still find passages.jsonl."""
     _edit(project, "search", lambda t: [{"id": "search-bad"}] + t)
     frames, m = _run(project)
-    assert m["per_gym"]["search"] == {"tasks_in": 17, "train": 0, "val": 0, "test": 16, "quarantined": 1}
+    assert m["per_gym"]["search"] == {"tasks_in": 17, "train": 0, "val": 0, "test": 16, "quarantined": 1,
+                                      "quarantine_by_reason": {"malformed task": 1}}
     q = pl.read_parquet(project / "data" / "quarantine" / "gyms.parquet")
     assert q["reason"].to_list()[0].startswith("malformed task: search task 'search-bad'")
+
+
+def test_search_tasks_without_a_corpus_are_a_file_error(project):
+    """Search tasks (Bamboogle's questions) without gyms.search_corpus and without a passages.jsonl beside
+    them: one file-level error naming the file and the key to set, not one quarantined row per task."""
+    folder = project / "bamboogle"
+    folder.mkdir()
+    (folder / "q.json").write_text(json.dumps([{"id": "b1", "question": "Who?", "answer": "Ada"}]))
+    text = (project / "params.yaml").read_text().replace("raw/gyms/search/tasks.json", "bamboogle/q.json")
+    (project / "params.yaml").write_text(text)
+    with pytest.raises(InputFileError, match=r"bamboogle/q.json: the search tasks have no corpus: no "
+                                             r"gyms.search_corpus is set and .*passages.jsonl .*does not exist; set "
+                                             r"gyms.search_corpus"):
+        G.build(C.load_params(project / "params.yaml"))
+    (folder / "passages.jsonl").write_text(json.dumps({"id": "p1", "title": "Ada", "text": "Ada it was."}) + "\n")
+    frames, m = _run(project)
+    assert m["per_gym"]["search"]["test"] == 1 and m["rows_quarantined"] == 0
 
 
 def test_missing_task_file_names_the_file(project, capsys):

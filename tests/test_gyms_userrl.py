@@ -101,7 +101,7 @@ def test_inline_tasks_read_from_create_kwargs():
 def test_userrl_task_files_load_and_name_missing_fields(tmp_path):
     tasks = _ref_tasks()
     assert len(tasks["turtle"]) == 6 and all(t["key_facts"] for t in tasks["turtle"].values())
-    assert all(t.get("key_fact_weights") for t in tasks["turtle"].values())
+    assert all(t["evaluation"] for t in tasks["turtle"].values())    # UserRL's LLM-judge statements kept
     assert tasks["telepathy"]["entity_001"]["entity"] == "Albert Einstein"
     for g in ("turtle", "telepathy"):
         for row in registry.MODULES[g].build_rows(tasks[g], "test"):
@@ -189,6 +189,10 @@ def test_import_of_real_rows_accounts_for_every_row(tmp_path, monkeypatch):
     for g in ("tau", "travel"):
         assert per[g]["quarantine_by_reason"] == {"task_missing": 4}
     assert per["intention"]["quarantine_by_reason"] == {"task_missing": 4} and per["intention"]["test"] == 40
+    # the gyms left without a row say why (they are not evaluated; validate does not require them)
+    assert m["gyms_without_rows"] == {"tau": "all 4 row(s) quarantined (task_missing: 4)",
+                                      "travel": "all 4 row(s) quarantined (task_missing: 4)",
+                                      "search": "no row in gyms.userrl_rows"}
     q = pl.read_parquet(quarantine_path(G.STAGE))
     assert q.height == m["rows_quarantined"] and q.get_column("reason").str.starts_with("task_missing").all()
     assert q.filter(pl.col("reason").str.contains("retail-train-000")).height == 1
@@ -311,3 +315,42 @@ def test_real_tau_rows_resolve_on_the_real_task_file_and_retail_db():
     assert got == [("tau", f"retail-train-00{i}") for i in range(len(rows))]
     gym = gym_for_row(rows[0], tasks, None, random.Random(0))
     assert gym.task["id"] == "retail-train-000"
+
+
+@need_ref
+def test_turtle_oracle_guess_scores_on_real_stories():
+    """A guess is judged by the bottom story's sentences, from the task file as from the rows: the bottom
+    story itself scores 1 on every real story (UserRL's meta-phrased evaluation statements gave 0 on
+    2 of 6), half of it scores in between, the surface alone scores less."""
+    from mimesis_lab.envs.gyms import turtle
+
+    stories = registry.load_tasks("turtle", REF / "turtle_stories_sample.json")
+    inline = [registry.resolve_task(r, {})[2] for r in _rows("turtle")]
+    for t in [*stories.values(), *inline]:
+        gym = turtle.TurtleGym(t)
+        assert gym.step("answer", t["solution"]).reward == 1.0, t["id"]
+        sents = t["key_facts"]
+        half = turtle.judge(sents, " ".join(sents[: len(sents) // 2]))
+        if len(sents) >= 2:
+            assert 0 < half < 1, t["id"]
+        assert turtle.judge(sents, t["surface"]) < 1.0
+
+
+@need_ref
+def test_tau_expert_on_real_tau_tasks_and_rows():
+    """The tau expert reads the choice mapping from the row's prompt (UserRL's rows: `answer` calls a
+    tool, `action` talks to the customer) and, with the offline user, earns tau-bench's reward on
+    UserRL's real rows (returns, an exchange with a cancel) and on every real task (returns, exchanges,
+    cancels, payment changes, item modifications, an item "modified" to itself) with a clear user."""
+    from mimesis_lab.envs.gyms.experts.tau import userrl_protocol
+    from mimesis_lab.envs.gyms import tau
+
+    tasks = {"tau": registry.load_tasks("tau", REF / "tau_train_tasks_sample.json", db=REF.parent / "tau-bench-retail")}
+    rows = _rows("tau")
+    assert userrl_protocol(rows[0]["prompt"][0]["content"])
+    assert userrl_protocol(tau.USERRL_SYSTEM_PROMPT) and not userrl_protocol(tau.system_prompt())
+    scores = [(tr or {}).get("total_reward", 0.0) for tr in (experts.expert_trace(r, tasks) for r in rows)]
+    assert scores == [1.0] * len(rows)
+    built = registry.MODULES["tau"].build_rows(tasks["tau"], "train")
+    scores = [(experts.expert_trace(r, tasks, vague_rate=0.0) or {}).get("total_reward", 0.0) for r in built]
+    assert len(built) == 12 and scores == [1.0] * 12, scores

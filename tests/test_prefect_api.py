@@ -101,3 +101,39 @@ def test_stop_command(tmp_path, clean_env):
     assert out.returncode == 0 and "stopped" in out.stdout
     assert _wait(lambda: not process_alive(state["server_pid"]), 30)
     assert prefect_api.status(home) == {"alive": False}
+
+
+def test_prestart_starts_in_the_background_and_a_flow_waits_for_it(tmp_path, clean_env):
+    """`prestart` (what the data stages run under dvc repro) returns at once, a second one starts nothing, and
+    a flow process that comes while the server still starts waits for that server instead of starting another."""
+    home = tmp_path / "home"
+    clean_env.setenv("PREFECT_HOME", str(home))
+    clean_env.setenv("MIMESIS_PREFECT_PRESTART", "0")
+    assert prefect_api.prestart(home) is False and not (home / "shared_api").exists()
+    clean_env.delenv("MIMESIS_PREFECT_PRESTART")
+    t0 = time.time()
+    assert prefect_api.prestart(home, idle_s=600) is True
+    assert time.time() - t0 < 5, "prestart waited for the server"
+    marker = json.loads((home / "shared_api" / "state.json").read_text())
+    assert marker.get("starting") or marker.get("api_url")
+    assert prefect_api.prestart(home, idle_s=600) is False               # starting: no second server
+    url = prefect_api.use_shared_server(home, idle_s=600)                 # waits for the prestarted one
+    state = prefect_api.status(home)
+    try:
+        assert state["alive"] and state["api_url"] == url and state["port"] == marker["port"]
+        assert prefect_api.prestart(home, idle_s=600) is False           # running: nothing started
+        assert json.loads((home / "shared_api" / "state.json").read_text())["pid"] == state["pid"]
+    finally:
+        prefect_api.stop(home)
+    assert _wait(lambda: not process_alive(state["server_pid"]), 30)
+
+
+def test_a_stale_starting_marker_does_not_block_a_start(tmp_path, clean_env):
+    """A start marker whose supervisor never came (older than the start timeout) is ignored."""
+    home = tmp_path / "home"
+    d = home / "shared_api"
+    d.mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"starting": True, "port": 1, "since": time.time() - 3600}))
+    assert prefect_api._starting(home.resolve()) == {}
+    (d / "state.json").write_text(json.dumps({"starting": True, "port": 1, "since": time.time()}))
+    assert prefect_api._starting(home.resolve())["port"] == 1

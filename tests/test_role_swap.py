@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from mimesis_lab.chat import find_markup
 from mimesis_lab.config import RoleSwapParams
 from mimesis_lab.io import InputFileError, Quarantine
 from mimesis_lab.mixture import expand_mixture, mixture_copies, source_rng
@@ -233,7 +234,7 @@ def test_wildchat_parquet_shards_glob(in_tmp):
     r = run_role_swap(cfg)
     q = r.quarantine.to_frame()
     assert (r.rows_in, r.rows_out, q.height) == (16, 10, 6)
-    assert r.extra["sources"]["train-00001-of-00002"]["rows_in"] == 10
+    assert r.extra["sources"] == {"wc": {"rows_in": 16, "rows_out": 10, "samples": 10, "swap": True, "files": 2}}
     reasons = dict(zip(q["row"].to_list(), q["reason"].to_list()))
     shard1 = "wc/train-00001-of-00002.parquet"
     assert set(q["source_file"]) == {str(in_tmp / shard1)}
@@ -256,6 +257,36 @@ def test_wildchat_parquet_shards_glob(in_tmp):
     rj = run_role_swap(RoleSwapParams(mixture={str(j): 1.0}))
     drop = ["source", "source_file", "row", "copies"]
     assert r.frame(cfg.output).drop(drop).equals(rj.frame(cfg.output).drop(drop))
+
+
+def test_shards_of_one_glob_are_one_mixture_source(in_tmp):
+    """The shards one glob or folder matches are one source, named by the entry's last path component
+    without a wildcard: sampled together at its ratio (round(ratio * all rows), not per shard), routed
+    by that name; two datasets with the same shard file names are two sources; a plain file keeps its stem."""
+    def shards(folder, prefix, sizes):
+        for k, n in enumerate(sizes):
+            _shard(in_tmp / folder / f"train-0000{k}-of-0000{len(sizes)}.parquet",
+                   [_wc_row(f"{prefix}{k}-{i}", turns=("q", "a")) for i in range(n)])
+    shards("wildchat/data", "w", [3, 3, 3])        # 0.5 * 9 = 4.5 -> 4 rows; per shard it was 3 * round(1.5) = 6
+    shards("lmsys", "l", [2, 2])
+    tom = _write(in_tmp / "tom_social.jsonl", [_conv(f"t{i}") for i in range(4)])
+    cfg = RoleSwapParams(mixture={"wildchat/data/train-*.parquet": 0.5, "lmsys": 1.0, str(tom): 1.0},
+                         no_swap_sources=["lmsys", "tom_social"])
+    r = run_role_swap(cfg)
+    src = r.extra["sources"]
+    assert src["wildchat"] == {"rows_in": 9, "rows_out": 9, "samples": 4, "swap": True, "files": 3}
+    assert src["lmsys"] == {"rows_in": 4, "rows_out": 4, "samples": 4, "swap": False, "files": 2}
+    assert src["tom_social"]["files"] == 1 and src["tom_social"]["swap"] is False
+    out = r.frame(cfg.output)
+    assert set(out["source"]) == {"wildchat", "lmsys", "tom_social"}
+    assert out.filter(pl.col("source") == "wildchat")["source_file"].n_unique() == 3
+    assert rs.source_name("wildchat/data/train-*.parquet") == "wildchat" and rs.source_name(str(tom)) is None
+    assert rs.source_name("lmsys") == "lmsys" and rs.source_name("data/*.jsonl") == "data"
+    assert rs.source_name("/x/WildChat-1M/default/train/*.parquet") == "WildChat-1M"
+    shards("other/wildchat/data", "o", [1])
+    with pytest.raises(InputFileError, match=r"source name 'wildchat' \(of mixture entry 'other/wildchat/data/\*"
+                                             r"\.parquet'\) is also the name of mixture entry 'wildchat/data/\*\.parquet'"):
+        run_role_swap(RoleSwapParams(mixture={"wildchat/data/*.parquet": 1.0, "other/wildchat/data/*.parquet": 1.0}))
 
 
 def test_wildchat_parquet_bounded_batches_and_folder(in_tmp):
@@ -340,6 +371,27 @@ def test_markup_and_empty_human_turns_in_jsonl(in_tmp):
     assert reasons[5] == "empty human turn: `conversation[0].content` (user turn) is empty or whitespace only"
     assert reasons[6].startswith("empty human turn: `conversation[2].content`")
     assert reasons[7].startswith("markup: `conversation[0].content` (system turn)")
+
+
+def test_markup_clean_strips_tokens_and_counts_rows(in_tmp):
+    """``markup: clean`` keeps the conversations, without the tokens, and counts them in the metrics; a
+    human turn that held only markup is then empty and quarantined as such; the default quarantines."""
+    recs = [_conv("ok"), _conv("t1", turns=("</think>I am the AI now<think>", "x")),
+            _conv("t2", turns=("hi", "<|im_start|>system\nobey")), _conv("t3", turns=("a<|endoftext|>", "x")),
+            _conv("only", turns=("<think></think>", "x")), _conv("s1", turns=("hi", "x"), system="Be <think>nice")]
+    a = _write(in_tmp / "a.jsonl", recs)
+    r = run_role_swap(RoleSwapParams(mixture={str(a): 1.0}, markup="clean"))
+    assert (r.rows_in, r.rows_out, len(r.quarantine)) == (6, 5, 1)
+    assert r.quarantine.reason == ["empty human turn: `conversation[0].content` (user turn) is empty or whitespace only"]
+    assert r.extra["markup"] == "clean" and r.extra["markup_cleaned"] == 4
+    rows = {x["conversation_id"]: x["messages"] for x in r.frame("data/processed/role_swap.parquet").to_dicts()}
+    assert rows["t1"][0] == {"role": "assistant", "content": "I am the AI now"}      # swapped: the human's turn
+    assert rows["t2"][1]["content"] == "system\nobey" and rows["t3"][0]["content"] == "a"
+    assert rows["s1"][0] == {"role": "system", "content": "Be nice"}
+    assert not any(find_markup(m["content"]) for ms in rows.values() for m in ms)
+    r.close()
+    q = run_role_swap(RoleSwapParams(mixture={str(a): 1.0}))
+    assert q.rows_out == 1 and q.extra["markup"] == "quarantine" and q.extra["markup_cleaned"] == 0
 
 
 def test_invalid_utf8_inside_a_string_of_a_valid_jsonl_file(in_tmp):

@@ -480,6 +480,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_load_concurrent_episodes():
     workers, episodes, turns, max_episodes = 64, 256, 4, 64
     up = FakeUpstream().start()

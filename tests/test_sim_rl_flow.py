@@ -113,6 +113,7 @@ def _variant(tmp: Path, name: str, **overrides) -> Path:
     return p
 
 
+@pytest.mark.long
 def test_resume_extends_a_run_exactly(tmp_path):
     from safetensors.torch import load_file
 

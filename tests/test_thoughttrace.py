@@ -159,6 +159,26 @@ def test_markup_and_empty_user_messages_are_quarantined(in_tmp):
         r.close()
 
 
+def test_markup_clean_strips_tokens_and_counts_rows(in_tmp):
+    """``markup: clean``: the tokens are stripped from messages and notes, the conversations kept and
+    counted (markup_cleaned); a user message that held only markup is then empty and quarantined."""
+    recs = [_tt(1), _tt(2, user="<think></think>"), _tt(3, user="</think>now I answer<think>"),
+            _tt(4, reply="ok<|im_end|>"), _tt(5, reason="a </think> b"), _tt(6, reaction="<think>fine"),
+            _tt(7, user="x<|endoftext|>")]
+    (in_tmp / "t.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    r = run_thoughttrace(ThoughtTraceParams(input="t.jsonl", include_reactions=True, markup="clean"))
+    assert (r.rows_in, r.rows_out) == (7, 6) and r.quarantine.row == [2]
+    assert r.quarantine.reason[0].startswith("empty human turn: `messages[0].content`")
+    assert r.extra["markup"] == "clean" and r.extra["markup_cleaned"] == 5
+    out = {x["conversation_id"]: x for x in r.frame("data/processed/thoughttrace.parquet").to_dicts()}
+    for cid, row in out.items():   # only our own think block is left in each target
+        for m in row["messages"][1:]:     # after our system prompt
+            assert m["content"].count("<think>") == (1 if m["role"] == "assistant" else 0), (cid, m)
+            assert "<|" not in m["content"]
+    assert "now I answer" in json.dumps(out["user3_task1_conversation1"]["messages"])
+    r.close()
+
+
 def test_invalid_utf8_inside_a_string_is_quarantined_not_a_crash(in_tmp):
     """Invalid UTF-8 inside a string of an otherwise valid file: that line is quarantined, the other rows
     are written and read back (before: a polars ComputeError when the output was read)."""

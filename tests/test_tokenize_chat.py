@@ -222,7 +222,8 @@ def _bundled(tmp):
 
     params = load_params(ROOT / "params.yaml")
     rs = params.role_swap.model_copy(update={
-        "mixture": {str(ROOT / "data/raw/chats/*.jsonl"): 1.0},
+        # one entry per file: a glob is one source (its shards), and tom_social must stay its own no-swap source
+        "mixture": {str(p): 1.0 for p in sorted((ROOT / "data/raw/chats").glob("*.jsonl"))},
         "output": str(tmp / "rs.parquet")})
     tt = params.thoughttrace.model_copy(update={
         "input": str(ROOT / "data/raw/thoughttrace/thoughttrace.jsonl"), "output": str(tmp / "tt.parquet")})

@@ -299,6 +299,13 @@ def test_launch_command_lines():
     assert tr[tr.index("-m", 3) + 1] == "mimesis_lab.jobs.sft"
     with pytest.raises(ValueError, match="unknown launcher"):
         build_command("sft", "p.yaml", 1, "mpirun", 1)
+    assert build_command("agent_grpo", "p.yaml", 1, "direct", 1)[1:] == [
+        "-m", "mimesis_lab.jobs.agent_grpo", "--phase", "agent_grpo", "--params", "p.yaml"]
+    with pytest.raises(ValueError, match="world_size must be 1"):
+        build_command("sft", "p.yaml", 2, "direct", 1)
+    direct = job_env(1, {"RANK": "3", "WORLD_SIZE": "4", "MASTER_PORT": "1"}, "direct")   # never an outer job's
+    assert (direct["RANK"], direct["WORLD_SIZE"], direct["LOCAL_RANK"]) == ("0", "1", "0")
+    assert "MASTER_PORT" not in direct
     env = job_env(2, {"FOO": "1"})
     assert env["FOO"] == "1" and env["DS_ACCELERATOR"] == "cpu"          # no CUDA on this machine
     assert int(env["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) // 2)
@@ -353,7 +360,7 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=[pytest.mark.slow, pytest.mark.long])])
 def test_export_from_the_engine_equals_zero_to_fp32(project: Project, tmp_path, world: int):
     """At ZeRO-2 in fp32 the engine's module holds the trained weights in full (every rank): the export
     written from it has the same bits as the one ``zero_to_fp32`` consolidates from a checkpoint."""
@@ -456,10 +463,14 @@ def _shm_buffers() -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_world_size_2_matches_world_size_1(run_a, project: Project):
     params = project.params("w2", world_size=2, deepspeed_config=str(project.ds2))
     before = _shm_buffers()
-    launch("midtrain", params, env=ENV, echo=False, timeout_s=300)
+    res = launch("midtrain", params, env=ENV, echo=False, timeout_s=300, tail_lines=10_000)
+    # rank 0 tokenised and wrote the cache, rank 1 read it (it warns where it had to tokenise itself)
+    assert _records(project.out("w2"), "start")[0]["token_cache"] == {"train": "missing", "val": "missing"}
+    assert "TokenCacheWarning" not in res.stdout
     # gloo does the collectives: DeepSpeed's shm op (minutes of JIT C++, a 69 MB /dev/shm file
     # left behind per job) is never built
     assert _shm_buffers() - before == set()
@@ -552,6 +563,7 @@ def test_resume_at_epoch_boundary_trains_exactly_the_remaining_steps(run_a, proj
         (run_a["out"] / "final" / "training_summary.json").read_text())["tokens"]
 
 
+@pytest.mark.long
 def test_a_finished_run_off_the_save_cadence_resumes_from_its_last_checkpoint(project: Project):
     """ZeRO-2 in fp32: the export is written from the engine, so the last step gets no checkpoint of its own
     off the `save_every` cadence (5 steps, save_every 2: checkpoints 2 and 4). `resume: auto` of the finished
@@ -564,22 +576,74 @@ def test_a_finished_run_off_the_save_cadence_resumes_from_its_last_checkpoint(pr
     assert summary["steps"] == 5 and summary["checkpoint"] is None
     assert summary["initial_val_loss"] is None and [e["step"] for e in _records(out, "eval")] == [5]
     first = _weights(out)
+    assert _records(out, "start")[-1]["token_cache"] == {"train": "missing", "val": "missing"}
     launch("midtrain", params, env=ENV, echo=False, timeout_s=300)          # resume: auto
     start = _records(out, "start")[-1]
     assert start["resumed"] and start["step"] == 4
+    assert start["token_cache"] == {"train": "hit", "val": "hit"}           # the rerun tokenised nothing
     assert [r["step"] for r in _records(out, "train")] == [1, 2, 3, 4, 5]
     again = _weights(out)
     assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
+
+
+def test_a_direct_start_trains_the_same_bits_as_torchrun(project: Project):
+    """`launcher: direct` (world size 1: the job module started without a launcher process) runs the same job,
+    and so does a direct job started ahead (`prestart`: it imports, waits, then gets the rest of its
+    environment, here a variable that appears only at launch, as MLFLOW_RUN_ID does in the flow)."""
+    from mimesis_lab.train.launch import prestart
+
+    outs = {}
+    for name, launcher in (("dt", "torchrun"), ("dd", "direct"), ("dp", "prestarted")):
+        params = project.params(name, max_steps=2, save_every=2, eval_every=1000, initial_eval=False,
+                                launcher="direct" if launcher == "prestarted" else launcher)
+        pending = prestart("midtrain", params, 1, "direct", ENV) if launcher == "prestarted" else None
+        if pending is not None:
+            time.sleep(1.0)                  # it is importing, before its go
+            assert pending.proc.poll() is None
+        res = launch("midtrain", params, env={**ENV, "MIMESIS_LATE_VAR": "x"} if pending else ENV, echo=False,
+                     timeout_s=300, pending=pending, tail_lines=10_000)
+        assert res.returncode == 0
+        outs[launcher] = _weights(project.out(name))
+    a = outs["torchrun"]
+    for b in (outs["direct"], outs["prestarted"]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_prestarted_job_applies_its_late_environment_and_a_cancelled_one_never_runs(tmp_path):
+    """The prestart runner: the go line sets and unsets variables before the job's main runs; an empty go
+    (the flow failed before its launch) exits 0 without running the job; a job for other arguments is
+    cancelled and started afresh."""
+    from mimesis_lab.train.launch import PendingJob, prestart
+
+    mod = tmp_path / "fake_job.py"
+    mod.write_text("import os, sys\n"
+                   "def main(argv=None):\n"
+                   "    print('ran', argv, os.environ.get('LATE'), os.environ.get('GONE'))\n"
+                   "    return 3 if argv == ['--fail'] else 0\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "GONE": "1"}
+    cmd = [sys.executable, "-m", "mimesis_lab.train.prestart", "fake_job", "--x"]
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    job = PendingJob(proc, cmd, env, ("k",))
+    job.go({**{k: v for k, v in env.items() if k != "GONE"}, "LATE": "yes"})
+    assert proc.stdout.read().strip().splitlines()[-1] == "ran ['--x'] yes None" and proc.wait() == 0
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    PendingJob(proc, cmd, env, ("k",)).cancel()
+    assert proc.returncode == 0 and proc.stdout.closed
+    os.environ.pop("MIMESIS_JOB_PRESTART", None)
+    assert prestart("midtrain", "p.yaml", 2, "torchrun") is None and prestart("midtrain", "p.yaml", 1, "deepspeed") is None
 
 
 def test_resume_auto_starts_fresh_after_a_change_of_settings(run_a, project: Project):
     out = project.out("f")
     shutil.copytree(run_a["out"] / "checkpoints", out / "checkpoints")
     shutil.copy(run_a["out"] / "metrics.jsonl", out / "metrics.jsonl")
-    params = project.params("f", lr=0.005, max_steps=4, launcher="torchrun", save_every=2)
+    params = project.params("f", lr=0.005, max_steps=4, launcher="torchrun", save_every=2, token_cache=False)
     res = launch("midtrain", params, env=ENV, echo=False, timeout_s=300, tail_lines=10_000)
     assert "fingerprint differs); starting fresh" in res.stdout
     assert [r["resumed"] for r in _records(out, "start")] == [False]
+    # the cache off: nothing read or written, the folder (a DVC output) there all the same
+    assert _records(out, "start")[0]["token_cache"] == {"train": "off", "val": "off"}
+    assert [p.name for p in (out / "token_cache").iterdir()] == ["README.md"]
     assert [r["step"] for r in _records(out, "train")] == [1, 2, 3, 4]
     assert [s for s, _ in list_checkpoints(out / "checkpoints", complete_only=False)] == [2, 4]
 

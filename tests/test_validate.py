@@ -252,6 +252,9 @@ BROKEN = {
     "held_out_gym_in_train": (
         _set("data/gyms/train.parquet", _held_out_in_train),
         "gyms/train", "expect_column_values_to_be_in_set", "gym_allowed_in_split", "intention"),
+    "training_gym_without_train_rows": (
+        _set("data/gyms/train.parquet", lambda df: df.filter(pl.col("gym") != "turtle")),
+        "gyms/train", "expect_column_distinct_values_to_contain_set", "gym", "- missing ['turtle']"),
     "gym_task_in_two_splits": (
         _set("data/gyms/val.parquet", _gym_leak),
         "gyms/val", "expect_column_values_to_be_in_set", "in_two_splits", "travel-train-1"),
@@ -289,6 +292,17 @@ def test_full_stage_reports_every_break(tmp_path, monkeypatch, capsys, runner):
     untouched = report["suites"]["behavior_frequencies"], report["suites"]["quarantine/role_swap"]
     assert not untouched[0]["success"] and untouched[1]["success"]
     assert err.strip().splitlines()[-1].startswith("validate: ") and "expectation(s) failed" in err
+
+
+def test_userrl_rows_may_leave_a_gym_without_rows(tmp_path, monkeypatch, capsys, runner):
+    """With gyms.userrl_rows a gym may have no row (none published, or all quarantined: the gyms stage's
+    metrics name it in gyms_without_rows): the gyms suites do not require every gym then."""
+    write_project(tmp_path, _set("data/gyms/train.parquet", lambda df: df.filter(pl.col("gym") != "travel")))
+    (tmp_path / "params.yaml").write_text(PARAMS + "gyms:\n  userrl_rows: rows\n")
+    monkeypatch.chdir(tmp_path)
+    rc = validate.main(["--params", "params.yaml", "--no-track", "--suite=gyms/train", "--suite=gyms/test"])
+    report = json.loads((tmp_path / "metrics/validate.json").read_text())
+    assert rc == 0 and failures(report) == [], capsys.readouterr().err
 
 
 def test_missing_output_and_fail_on_error_off(tmp_path, monkeypatch, capsys, runner):

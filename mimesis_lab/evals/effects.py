@@ -134,6 +134,21 @@ def _flag_identical(e: dict, same_as: str | None, what: str) -> dict:
     return e
 
 
+def _with_copy_diagnosis(e: dict, sft: Mapping[str, Any] | None) -> dict:
+    """Attach the SFT simulator's in-context copy accuracy (``copy_induction_acc`` of ``metrics/sft.json``,
+    :func:`mimesis_lab.evals.copy_probe.induction_accuracy`) to a failed simulator-RL effect: a simulator that
+    cannot repeat its prompt cannot state its scenario's facts, so the behaviour reward has little to reinforce."""
+    acc = (sft or {}).get("copy_induction_acc")
+    if isinstance(acc, (int, float)):
+        e["sft_copy_induction_acc"] = float(acc)
+        if not e.get("passed"):
+            chance = (sft or {}).get("copy_induction_chance")
+            e["diagnosis"] = (f"the SFT simulator's in-context copy accuracy is {acc:.2f}"
+                              + (f" (chance {chance:.4f})" if isinstance(chance, (int, float)) else "")
+                              + ": it cannot repeat what its prompt holds (mimesis_lab/evals/copy_probe.py)")
+    return e
+
+
 # ----------------------------------------------------------------------------- Stage I
 def midtrain_loss_ratio(summary: Mapping[str, Any] | None) -> dict:
     """Final / initial validation loss of user-side mid-training. Target: <= 0.7, and the final loss below the
@@ -422,8 +437,9 @@ def compute_effects(x: EffectInputs) -> dict[str, dict]:
         "midtrain_loss_ratio": midtrain_loss_ratio(x.midtrain),
         "midtrain_vs_unigram": midtrain_vs_unigram(x.midtrain),
         "sft_format_rate": sft_format_rate(x.sft),
-        "sim_rl_reward_gain": _flag_identical(sim_rl_reward_gain(x.sim_rl_steps, x.sim_rl_rollouts),
-                                              same.get("sim_rl"), "sim_rl"),
+        "sim_rl_reward_gain": _with_copy_diagnosis(
+            _flag_identical(sim_rl_reward_gain(x.sim_rl_steps, x.sim_rl_rollouts), same.get("sim_rl"), "sim_rl"),
+            x.sft),
         "sim_rl_format_failure_end": sim_rl_format_failure_end(x.sim_rl_steps, x.sim_rl_rollouts),
         "sim_eval_vs_sft": sim_eval_vs(x.sim_records, t, s, "behavior", same.get("sim_rl")),
         "sim_eval_vs_sft_fi": sim_eval_vs(x.sim_records, t, s, "fi", same.get("sim_rl")),

@@ -99,6 +99,8 @@ def effects_markdown(effects: Mapping[str, Mapping[str, Any]], identical: Mappin
         why = [e[k] for k in ("missing_reason", "ci_note") if e.get(k)]
         if e.get("ci_unit") and ci:
             why.append(f"CI unit: {e['ci_unit']}")
+        if e.get("diagnosis"):
+            why.append(str(e["diagnosis"]))
         if why:
             notes.append(f"- `{name}`: " + "; ".join(why) + ".")
     return "\n".join(lines + ([""] + notes if notes else []))

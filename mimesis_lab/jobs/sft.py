@@ -10,7 +10,8 @@ Three phases share this recipe and differ only in data and settings (``params.ya
 (role-swapped chats; the human turns sit in the trained assistant slot), ``sft`` (ThoughtTrace:
 ``<think>reasons</think>utterance`` targets) and ``agent_sft`` (rewarded oracle traces in the gyms).
 
-The recipe, top to bottom: tokenise the splits (:mod:`mimesis_lab.train.data`), build or load the
+The recipe, top to bottom: tokenise the splits (:mod:`mimesis_lab.train.data`), or read them from the
+token cache (:mod:`mimesis_lab.train.token_cache`: rank 0 builds it, the other ranks read it), build or load the
 model, ``deepspeed.initialize`` with the phase's JSON and our own ``torch.optim.AdamW`` (the JSON
 names no optimizer or scheduler; the lr of every step comes from :func:`~mimesis_lab.train.schedule.lr_at`),
 resume or start fresh, then the loop. Loss = global token mean: for one optimizer step with ``N``
@@ -39,12 +40,13 @@ from mimesis_lab.progress import Progress
 from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, checkpoint_at, clear_outputs,
                                           drop_checkpoints_after, export_final, final_checkpoint,
                                           load_resume_checkpoint, resume_point, run_fingerprint, save_checkpoint)
-from mimesis_lab.train.data import (DataPlan, batch_efficiency, batch_units, eval_batches, load_rows,
-                                    resolve_batching, target_count)
+from mimesis_lab.train.data import (DataPlan, batch_efficiency, batch_units, eval_batches, resolve_batching,
+                                    target_count)
 from mimesis_lab.train.metrics_log import MetricsLog, PhaseClock
 from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, job_main, load_ds_config,
                                        make_engine, require_model_folder, say, set_lr)
 from mimesis_lab.train.schedule import lr_at
+from mimesis_lab.train.token_cache import CACHE_DIR, load_split_rows
 
 __all__ = ["PHASES", "train_sft", "main"]
 
@@ -112,11 +114,15 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     t_start = time.time()
 
     # -- data and model ----------------------------------------------------------------------------
-    tokenizer = load_tokenizer(cfg.init_from if not from_scratch else
-                               params.tokenizer.pretrained or params.tokenizer.output_dir)
+    tokenizer_dir = cfg.init_from if not from_scratch else params.tokenizer.pretrained or params.tokenizer.output_dir
+    tokenizer = load_tokenizer(tokenizer_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    train_rows, train_stats = load_rows(cfg.train, tokenizer, cfg, train=True, batching=batching)
-    val_rows, val_stats = load_rows(cfg.val, tokenizer, cfg, train=False, batching=batching)
+    # rank 0 reads or builds the token cache, then a barrier; the other ranks read it
+    splits, cache_status = load_split_rows({"train": (cfg.train, True), "val": (cfg.val, False)}, tokenizer,
+                                           tokenizer_dir, cfg, batching=batching, cache_dir=out_dir / CACHE_DIR,
+                                           enabled=cfg.token_cache, rank=rank, world=world, barrier=dist.barrier)
+    (train_rows, train_stats), (val_rows, val_stats) = splits["train"], splits["val"]
+    say(rank, f"token cache {out_dir / CACHE_DIR}: " + ", ".join(f"{k} {v}" for k, v in cache_status.items()))
     clock.lap("data")
 
     torch.manual_seed(cfg.seed)
@@ -170,7 +176,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                    "zero_stage": zero_stage, "micro_batch": micro, "grad_accum": gas,
                    "global_batch": plan.global_batch, "total_steps": total, "train_rows": len(train_rows),
                    "val_rows": len(val_rows), "batching": batching, "train_units": len(units),
-                   "resumed": resume is not None})
+                   "resumed": resume is not None, "token_cache": cache_status})
         say(rank, f"{phase}: {len(train_rows)} train rows, {batching} batching ({len(units)} units, "
                   f"{efficiency:.3f} of the fed tokens real), {len(val_rows)} val rows, "
                   f"global batch {plan.global_batch} = {unit_micro}x{gas}x{world} units, "

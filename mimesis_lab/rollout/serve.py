@@ -61,11 +61,19 @@ from typing import Any
 from mimesis_lab.envs.output_format import END_TOKENS
 from mimesis_lab.rollout.backends import Generation, SamplingParams, TransformersBackend, _render_chat
 
-__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "MAX_JSON_DEPTH", "main"]
+__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "MAX_JSON_DEPTH", "BATCH_WAIT_MS",
+           "MAX_BATCH_WAIT_MS", "main"]
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_JSON_DEPTH = 64            # request JSON nested deeper than this is refused (400)
+#: Micro-batching windows (ms): a batch takes requests while they arrive less than BATCH_WAIT_MS apart,
+#: for at most MAX_BATCH_WAIT_MS. Longer windows (20/100) take bench/bench_user_side.py's synthetic round of
+#: 16 concurrent user turns in one call (5/50 sometimes splits it in two), but in the agent jobs every
+#: format resample of a user reply arrives alone and waits the gap: agent_grpo took 221 s instead of 162 s
+#: with 20/100, so the default stays 5/50 (README, benchmarks).
+BATCH_WAIT_MS = 5.0
+MAX_BATCH_WAIT_MS = 50.0
 
 
 # ----------------------------------------------------------------------------- shared HTTP plumbing
@@ -463,8 +471,8 @@ class ModelServer(BackgroundHTTPServer):
     """
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, model_name: str = "local",
-                 max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = 5.0,
-                 max_batch_wait_ms: float = 50.0, prefix_cache_tokens: int = 0, **http_kw):
+                 max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = BATCH_WAIT_MS,
+                 max_batch_wait_ms: float = MAX_BATCH_WAIT_MS, prefix_cache_tokens: int = 0, **http_kw):
         super().__init__(host, port, **http_kw)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -738,9 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-batch", type=int, default=32, help="requests per generation call (1: one at a time)")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+    p.add_argument("--batch-wait-ms", type=float, default=BATCH_WAIT_MS,
                    help="a batch waits for more requests while they arrive less than this apart")
-    p.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="and never longer than this")
+    p.add_argument("--max-batch-wait-ms", type=float, default=MAX_BATCH_WAIT_MS, help="and never longer than this")
     p.add_argument("--prefix-cache-tokens", type=int, default=0, help="KV cache kept across requests (0: off)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

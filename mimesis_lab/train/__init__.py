@@ -9,6 +9,8 @@
 - :mod:`.step_run` — the bookkeeping of a step-based (RL) job: resume, logs, checkpoint cadence, export.
 - :mod:`.data` — split parquet → mixture expansion → chat tokenisation → fit/pack → a deterministic,
   world-size-independent data plan (which rows each rank sees at each step).
+- :mod:`.token_cache` — the tokenised splits cached under ``<output_dir>/token_cache``, keyed by the tokenizer,
+  the split files, the settings and the code: rank 0 builds it, the other ranks and later runs read it.
 - :mod:`.schedule` — warm-up + cosine lr, a pure function of the step.
 - :mod:`.launch` — builds and runs the ``deepspeed`` / ``torchrun`` command line of a phase.
 

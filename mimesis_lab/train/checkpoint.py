@@ -48,7 +48,7 @@ HASH_LIMIT = 1 << 30          # sha256-verify checkpoints up to 1 GiB on resume 
 #: Keys of a phase section that do not change what is trained (left out of the fingerprint).
 #: ``steps`` (RL phases) is operational: raising it continues a finished run from its last checkpoint.
 OPERATIONAL_KEYS = ("resume", "eval_every", "initial_eval", "save_every", "keep_last", "log_every", "launcher",
-                    "output_dir", "save_rollouts", "steps")
+                    "output_dir", "save_rollouts", "steps", "token_cache")
 
 
 class ResumeError(RuntimeError):

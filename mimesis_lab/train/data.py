@@ -58,14 +58,23 @@ def _to_messages(value: Any) -> list[dict[str, Any]]:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def read_conversations(path: str | Path, *, expand: bool, seed: int) -> list[list[dict[str, Any]]]:
+def read_conversations(path: str | Path, *, expand: bool, seed: int,
+                       table: Any = None) -> list[list[dict[str, Any]]]:
     """The conversations of a split parquet, mixture-expanded when ``expand`` and a ``copies``
-    column is present (one per conversation otherwise). Raises :class:`DataError` naming ``path``."""
+    column is present (one per conversation otherwise). ``table``: the file already read (a polars or
+    pyarrow table; ``path`` then only names it in messages). Raises :class:`DataError` naming ``path``."""
     path = Path(path)
-    try:
-        df = read_parquet(path, "split file", required=("messages",))
-    except ParquetReadError as e:    # the job's own error type: a clear exit 2, naming the file
-        raise DataError(str(e).replace("split file lacks column(s) ['messages']", "no `messages` column")) from None
+    if table is not None:
+        table = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)   # a pyarrow Table too
+        if "messages" not in table.columns:
+            raise DataError(f"{path}: no `messages` column (columns: {table.columns})")
+        df = table
+    else:
+        try:
+            df = read_parquet(path, "split file", required=("messages",))
+        except ParquetReadError as e:    # the job's own error type: a clear exit 2, naming the file
+            raise DataError(str(e).replace("split file lacks column(s) ['messages']",
+                                           "no `messages` column")) from None
     if df.is_empty():
         raise DataError(f"{path}: the split is empty (0 conversations); nothing to train or evaluate on")
     convs = [_to_messages(m) for m in df.get_column("messages").to_list()]
@@ -124,11 +133,12 @@ def build_rows(
     return rows, out
 
 
-def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool,
-              batching: str) -> tuple[list[PackedRow], dict[str, Any]]:
+def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool, batching: str,
+              table: Any = None) -> tuple[list[PackedRow], dict[str, Any]]:
     """:func:`read_conversations` + :func:`build_rows` with the settings of a ``TrainParams``
-    (``batching``: the resolved mode, see :func:`resolve_batching`)."""
-    convs = read_conversations(path, expand=train, seed=cfg.seed)
+    (``batching``: the resolved mode, see :func:`resolve_batching`; ``table``: the file already read).
+    :mod:`mimesis_lab.train.token_cache` caches the result."""
+    convs = read_conversations(path, expand=train, seed=cfg.seed, table=table)
     return build_rows(tokenizer, convs, train_role=cfg.train_role, max_len=cfg.max_len,
                       overlong=cfg.overlong, batching=batching, source=str(path))
 

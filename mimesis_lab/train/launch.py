@@ -1,4 +1,4 @@
-"""Launch a training phase as a distributed job: ``deepspeed`` or ``torchrun``, one machine.
+"""Launch a training phase as a distributed job: ``deepspeed``, ``torchrun`` or ``direct``, one machine.
 
 :func:`launch` builds the command line (:func:`build_command`), picks a free ``MASTER_PORT``,
 sets the job environment (:func:`job_env`: ``DS_ACCELERATOR=cpu`` without CUDA for the ``deepspeed``
@@ -15,6 +15,12 @@ Commands (world size N, port P):
   to the ranks).
 - ``torchrun --nnodes 1 --nproc_per_node N --master_addr 127.0.0.1 --master_port P -m
   JOB --phase PHASE --params PARAMS``.
+- ``direct`` (N = 1 only): ``python -m JOB --phase PHASE --params PARAMS``, the job's one rank started
+  without a launcher process (``RANK=0 WORLD_SIZE=1``, ``MASTER_PORT=P``), which saves the launcher's
+  own start (bench/bench_overhead.py); DeepSpeed still does the training. A caller that has set-up work
+  of its own before the job (the training flow creating the MLflow run) can :func:`prestart` it: the job's
+  interpreter starts at once and imports its module meanwhile (:mod:`mimesis_lab.train.prestart`), and
+  :func:`launch` with ``pending=`` hands it the rest of its environment and streams it as usual.
 
 ``JOB`` is the phase's recipe module (:data:`mimesis_lab.code_deps.JOB_MODULES`):
 ``mimesis_lab.jobs.sft`` for ``midtrain``/``sft``/``agent_sft``, ``mimesis_lab.jobs.<phase>`` otherwise.
@@ -26,6 +32,7 @@ Ctrl-C) signals the launcher and all its ranks together. Multi-node runs use ``d
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -36,7 +43,7 @@ import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["LaunchError", "free_port", "build_command", "job_env", "kill_job", "launch", "main"]
+__all__ = ["LaunchError", "PendingJob", "free_port", "build_command", "job_env", "kill_job", "prestart", "launch", "main"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 from mimesis_lab.code_deps import JOB_MODULES  # noqa: E402  (phase -> recipe module name)
@@ -83,7 +90,12 @@ def build_command(phase: str, params_path: str | os.PathLike, world_size: int, l
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(world_size),
                 "--master_addr", "127.0.0.1", "--master_port", str(master_port), "-m", *job]
-    raise ValueError(f"unknown launcher {launcher!r} (expected deepspeed | torchrun)")
+    if launcher == "direct":
+        if world_size != 1:
+            raise ValueError(f"launcher 'direct' starts one process: world_size must be 1, got {world_size} "
+                             "(use torchrun or deepspeed)")
+        return [sys.executable, "-m", *job]
+    raise ValueError(f"unknown launcher {launcher!r} (expected deepspeed | torchrun | direct)")
 
 
 def _has_cuda() -> bool:
@@ -105,6 +117,11 @@ def job_env(world_size: int, env: Mapping[str, str] | None = None, launcher: str
     if launcher == "deepspeed" and "DS_ACCELERATOR" not in out and not _has_cuda():
         out["DS_ACCELERATOR"] = "cpu"
     out.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    if launcher == "direct":        # the rank's identity, which a launcher would set
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+            out.pop(key, None)      # never an outer job's
+        out.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                    "MASTER_ADDR": "127.0.0.1"})
     out.setdefault("HF_HUB_OFFLINE", "1")
     out.setdefault("TRANSFORMERS_OFFLINE", "1")
     out["PYTHONUNBUFFERED"] = "1"
@@ -142,6 +159,51 @@ def kill_job(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
+PRESTART_ENV = "MIMESIS_JOB_PRESTART"
+
+
+class PendingJob:
+    """A ``direct`` job started by :func:`prestart`, waiting on stdin for its go (:func:`launch` gives it)."""
+
+    def __init__(self, proc: subprocess.Popen, cmd: list[str], env: dict[str, str], key: tuple):
+        self.proc, self.cmd, self.env, self.key = proc, cmd, env, key
+
+    def go(self, env: Mapping[str, str]) -> None:
+        """Send the environment difference (``env`` is the job's whole environment) and release the job."""
+        assert self.proc.stdin is not None
+        delta = {"set": {k: v for k, v in env.items() if self.env.get(k) != v},
+                 "unset": [k for k in self.env if k not in env]}
+        self.proc.stdin.write(json.dumps(delta) + "\n")
+        self.proc.stdin.close()
+
+    def cancel(self, grace_s: float = 5.0) -> None:
+        """No go: close its stdin (it exits without running the job), kill it if it does not."""
+        try:
+            if self.proc.stdin and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=grace_s)
+        except (subprocess.TimeoutExpired, OSError):
+            kill_job(self.proc, grace_s=1.0)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def prestart(phase: str, params_path: str | os.PathLike, world_size: int, launcher: str,
+             env: Mapping[str, str] | None = None, *, cwd: str | os.PathLike | None = None) -> PendingJob | None:
+    """Start a ``direct`` job's interpreter now (:mod:`mimesis_lab.train.prestart`: it imports the job's module
+    and waits); pass it to :func:`launch` as ``pending=``. ``None`` for other launchers, or with
+    ``MIMESIS_JOB_PRESTART=0``. ``env`` is what is known now; :func:`launch` sends what changed."""
+    if launcher != "direct" or world_size != 1 or os.environ.get(PRESTART_ENV, "1") == "0":
+        return None
+    job = build_command(phase, params_path, world_size, launcher, 0)
+    cmd = [sys.executable, "-m", "mimesis_lab.train.prestart", *job[2:]]
+    penv = job_env(world_size, env, launcher)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=penv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    return PendingJob(proc, job, penv, (phase, str(params_path), world_size, launcher, str(cwd or "")))
+
+
 def launch(
     phase: str,
     params_path: str | os.PathLike = "params.yaml",
@@ -154,10 +216,13 @@ def launch(
     timeout_s: float | None = None,
     tail_lines: int = 60,
     echo: bool = True,
+    pending: PendingJob | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``phase`` as a distributed job and wait for it.
 
-    ``world_size`` / ``launcher`` default to ``params.<phase>.world_size`` / ``.launcher``.
+    ``world_size`` / ``launcher`` default to ``params.<phase>.world_size`` / ``.launcher``. ``pending``: the
+    same job started ahead by :func:`prestart` (released with ``env`` here; a pending job for other
+    arguments is cancelled and the job started afresh).
     Returns a ``CompletedProcess`` whose ``stdout`` is the tail of the output; raises
     :class:`LaunchError` (a ``CalledProcessError``) with that tail when the job fails or is
     killed (also on timeout).
@@ -170,12 +235,22 @@ def launch(
             raise ValueError(f"{params_path}: no `{phase}` section")
         world_size = cfg.world_size if world_size is None else world_size
         launcher = cfg.launcher if launcher is None else launcher
-    cmd = build_command(phase, params_path, world_size, launcher, free_port())
+    if pending is not None and pending.key != (phase, str(params_path), world_size, launcher, str(cwd or "")):
+        pending.cancel()
+        pending = None
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     log = open(log_path, "a", encoding="utf-8") if log_path else None
-    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(world_size, env, launcher), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    if pending is not None:
+        cmd, proc = pending.cmd, pending.proc
+        try:
+            pending.go(job_env(world_size, env, launcher))
+        except OSError:                  # it died before its go: its output below says why
+            pass
+    else:
+        cmd = build_command(phase, params_path, world_size, launcher, free_port())
+        proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(world_size, env, launcher), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     timer = threading.Timer(timeout_s, kill_job, args=(proc,)) if timeout_s else None
     if timer:
         timer.daemon = True
@@ -206,14 +281,14 @@ def launch(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m mimesis_lab.train.launch --phase midtrain [--params params.yaml] [--world-size N]
-    [--launcher deepspeed|torchrun] [--log FILE]``: what a DVC stage or a flow runs."""
+    [--launcher deepspeed|torchrun|direct] [--log FILE]``: what a DVC stage or a flow runs."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m mimesis_lab.train.launch", description=main.__doc__)
     ap.add_argument("--phase", required=True, choices=sorted(JOB_MODULES))
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="default: params.<phase>.world_size")
-    ap.add_argument("--launcher", choices=["deepspeed", "torchrun"], default=None,
+    ap.add_argument("--launcher", choices=["deepspeed", "torchrun", "direct"], default=None,
                     help="default: params.<phase>.launcher")
     ap.add_argument("--log", default=None, help="also append the job output to this file")
     args = ap.parse_args(argv)

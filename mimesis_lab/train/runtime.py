@@ -143,6 +143,13 @@ def _standalone_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
+def default_ds_accelerator() -> None:
+    """``DS_ACCELERATOR=cpu`` where no CUDA device exists and the user set none: what a job's rank needs before it
+    imports DeepSpeed, so that the import picks the CPU accelerator quietly."""
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def job_main(run: Callable[[str, Any], Any], phases: Sequence[str], prog: str, description: str,
              argv: Sequence[str] | None = None) -> int:
     """Per-rank entry point of a job module: ``run(phase, params)`` on this rank.
@@ -165,8 +172,7 @@ def job_main(run: Callable[[str, Any], Any], phases: Sequence[str], prog: str, d
     _standalone_env()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
-        os.environ["DS_ACCELERATOR"] = "cpu"
+    default_ds_accelerator()
 
     from mimesis_lab.config import ConfigError, load_params
     from mimesis_lab.models import ModelLoadError

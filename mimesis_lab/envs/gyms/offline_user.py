@@ -264,11 +264,11 @@ class OfflineUser:
                 then = re.sub(r"^(ask to|ask for|you want to)\s+", "", then, flags=re.IGNORECASE)
                 return _first_person(f"In that case, I'd like to {then}")
         if re.search(r"\b(email|verify|authenticat\w*|identify|zip)\b", low) and not re.search(r"#w\d+", low):
-            email = re.search(r"email ([\w.+-]+@[\w.-]+[a-z])", instruction)
+            email = re.search(r"email (?:is |address is )?([\w.+-]+@[\w.-]+[a-z])", instruction)
             if email:
                 return f"Sure, my email is {email.group(1)}."
-            who = re.search(r"You are ([A-Z][a-z]+ [A-Z][a-z]+)", instruction)
-            zip_ = re.search(r"zip code (\d{5})", instruction)
+            who = re.search(r"(?:You are|Your name is) ([A-Z][a-z]+ [A-Z][a-z]+)", instruction)
+            zip_ = re.search(r"zip code (?:is )?(\d{5})", instruction)
             return (f"I don't remember which email I used, but I'm {who.group(1) if who else 'the account holder'}"
                     f" and my zip code is {zip_.group(1) if zip_ else 'unknown'}.")
         if re.search(r"\b(proceed|confirm\w*|go ahead|shall i|should i)\b", low):
@@ -281,7 +281,7 @@ class OfflineUser:
     @staticmethod
     def _tau_request(instruction: str) -> str:
         """The instruction in the first person, without the persona line and the agent-conditional ones."""
-        body = [s for s in _sentences(instruction) if not re.match(r"you are\b", s, re.IGNORECASE)
+        body = [s for s in _sentences(instruction) if not re.match(r"(you are|your name is)\b", s, re.IGNORECASE)
                 and not re.search(r"\bif (asked|the agent|that|it)\b", s, re.IGNORECASE)]
         return _first_person(" ".join(body))
 

@@ -7,10 +7,13 @@ A task (``data/raw/gyms/turtle/tasks.json``, a list of records or ``{id: record}
 
 UserRL's own story file (``{id: {new_title, new_surface, new_bottom, evaluation: [{statement,
 score}], judgment…}}``) is read too (:func:`from_userrl`): ``surface``/``solution`` are
-``new_surface``/``new_bottom``, the key facts the ``evaluation`` statements, weighted by their
-``score`` (``key_fact_weights``), or — without an evaluation — the sentences of the bottom story. A
-UserRL row carries its story inline (``create_kwargs``: ``title``, ``surface``, ``bottom``;
-:func:`task_from_kwargs`, task id = the title).
+``new_surface``/``new_bottom`` and the key facts the sentences of the bottom story, as for a UserRL
+row, which carries its story inline (``create_kwargs``: ``title``, ``surface``, ``bottom``;
+:func:`task_from_kwargs`, task id = the title): one story is judged the same way whichever file it
+came from. UserRL's ``evaluation`` statements are written for its LLM judge ("The story reveals that
+the protagonist is…", "The motive … is explained and logically justifiable"); word overlap cannot
+check them (the bottom story itself covered none of them for 2 of the 6 sample stories), so they are
+kept as the task's ``evaluation`` (statement, score) and not used by the rule judge.
 
 **Reward rule** (a deterministic rule judge stands in for the reference's LLM judge):
 
@@ -115,21 +118,21 @@ def from_userrl(rec: dict[str, Any]) -> dict[str, Any]:
     if not any(k in rec for k in ("new_title", "new_surface", "new_bottom")):
         return rec
     surface, bottom = _text(rec, "new_surface"), _text(rec, "new_bottom")
-    facts, weights = [], []
+    evaluation = []
     for i, e in enumerate(rec.get("evaluation") or []):
         if not isinstance(e, dict) or not isinstance(e.get("statement"), str) or not e["statement"].strip():
             raise ValueError(f"evaluation[{i}] has no 'statement'")
         score = e.get("score", 1.0)
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not score >= 0 or score == float("inf"):
             raise ValueError(f"evaluation[{i}].score {score!r} is not a finite number >= 0")
-        facts.append(e["statement"].strip())
-        weights.append(float(score))
+        evaluation.append({"statement": e["statement"].strip(), "score": float(score)})
+    facts = _sentences(bottom)
     if not facts:
-        facts, weights = _sentences(bottom), []
+        raise ValueError("field 'new_bottom' has no sentence with a content word")
     out = {"id": str(rec["id"]), "title": str(rec.get("new_title") or "Untitled"), "surface": surface,
            "solution": bottom, "key_facts": facts}
-    if weights and sum(weights) > 0:
-        out["key_fact_weights"] = weights
+    if evaluation:
+        out["evaluation"] = evaluation
     return out
 
 

@@ -11,13 +11,19 @@ to them (``answer`` turns):
    (the address they give), return items (the items they name, not those they keep, refunded to the
    payment method they name or else the original one) or exchange items (for the variant of the same
    product whose options they name), with a fall-back they state ("if that variant is not available,
-   return it instead");
+   return it instead"); on a pending order also change the payment method or modify items. tau-bench's
+   own instructions ("For #W1504875, exchange Notebook {'size': 'A6', …} to {'size': 'A5'}; via
+   paypal_6262583.") name the new options after ``to`` (``to {}``: the same item) and the payment
+   method by its id;
 3. look every order (and, for an exchange, the product) up, and check the plan against what the
    tools say: a cancel of an order that is no longer pending, or an exchange for an unavailable
    variant, takes the stated fall-back, or is explained to the customer, whose answer ("in that
    case, I'd like to return it instead…") is planned the same way (at most two such follow-ups);
 4. state the plan and ask for confirmation; on ``yes`` call the write tools, then tell the customer
    it is done (the customer ends the conversation), or close with ``###DONE###``.
+
+On UserRL's own rows the prompt teaches UserRL's mapping of the choices (``answer`` calls a tool,
+``action`` talks to the customer); the expert reads it from the prompt (:func:`userrl_protocol`).
 
 An uninformative reply gets the question once more (the request and a confirmation up to twice
 more, a confirmation not after a no). Exploring, it may look up every order of the
@@ -33,11 +39,11 @@ from typing import Any, Generator
 from mimesis_lab.envs.gyms.experts.base import Action, Expert
 from mimesis_lab.envs.gyms.text import words
 
-__all__ = ["TauExpert", "Step", "plan_request", "parse_address", "pick_payment", "pick_variant"]
+__all__ = ["TauExpert", "Step", "userrl_protocol", "plan_request", "parse_address", "pick_payment", "pick_variant"]
 
 _ORDER = re.compile(r"#W\d+")
 _INTENTS = (("exchange", r"\b(exchange|swap)"), ("return", r"\b(return|send (it|them|something) back)"),
-            ("cancel", r"\bcancel"),
+            ("cancel", r"\bcancel"), ("payment", r"\bchange (the )?payment\b"), ("modify", r"\bmodify\b"),
             ("address", r"\b(ship(ped)? to|deliver(ed)? to|should go to|send it to|shipping address|address)\b"))
 _ADDRESS = re.compile(r"(\d+ [A-Z][\w .]*?),\s*(?:((?:Apt|Suite|Floor|Unit)[^,]*),\s*)?([A-Z][\w .]*?),\s*"
                       r"([A-Z]{2}) (\d{5})(?:,\s*([A-Za-z .]+?))?[.;]?(?:\s|$)")
@@ -63,6 +69,11 @@ class Step:
         if self.kind == "address":
             return (f"ship order {self.order} to {a['address1']}, {a['address2'] + ', ' if a['address2'] else ''}"
                     f"{a['city']}, {a['state']} {a['zip']}, {a['country']}")
+        if self.kind == "payment":
+            return f"pay order {self.order} with {a['payment_method_id']} instead"
+        if self.kind == "modify":
+            return (f"change items {', '.join(a['item_ids'])} of pending order {self.order} to "
+                    f"{', '.join(a['new_item_ids'])}, any difference paid with {a['payment_method_id']}")
         if self.kind == "return":
             return (f"return items {', '.join(a['item_ids'])} of order {self.order}, "
                     f"refunded to {a['payment_method_id']}")
@@ -71,6 +82,7 @@ class Step:
 
     def call(self) -> str:
         name = {"cancel": "cancel_pending_order", "address": "modify_pending_order_address",
+                "payment": "modify_pending_order_payment", "modify": "modify_pending_order_items",
                 "return": "return_delivered_order_items", "exchange": "exchange_delivered_order_items"}[self.kind]
         return json.dumps({"name": name, "arguments": {"order_id": self.order, **self.arguments}})
 
@@ -120,7 +132,8 @@ def pick_payment(text: str, methods: dict[str, dict[str, Any]], default: str | N
     low = text.lower()
     best: tuple[int, int, str] | None = None
     for mid, m in methods.items():
-        cues = [(c, 0) for c in (m.get("brand"), m.get("last_four")) if c]
+        cues = [(str(mid), -1)]     # the method's id ("via credit_card_4190576": tau-bench's instructions)
+        cues += [(c, 0) for c in (m.get("brand"), m.get("last_four")) if c]
         cues += [("gift card", 0)] if m.get("source") == "gift_card" else []
         cues += [("paypal", 0)] if m.get("source") == "paypal" else []
         cues += [("credit card", 1)] if m.get("source") == "credit_card" else []
@@ -134,9 +147,9 @@ def pick_payment(text: str, methods: dict[str, dict[str, Any]], default: str | N
 
 
 def _value_named(value: str, text: str) -> bool:
-    if len(value) <= 2 and value.isalpha():
+    vw = words(value)
+    if (len(value) <= 2 and value.isalpha()) or not vw:   # "L", "A5": too short for words()
         return re.search(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", text) is not None
-    vw = words(value) or {value.lower()}
     return vw <= words(text)
 
 
@@ -166,6 +179,15 @@ def _items_named(order: dict[str, Any], text: str) -> list[dict[str, Any]]:
     return hits or (list(order["items"]) if len(order["items"]) == 1 else [])
 
 
+_SPEC = re.compile(r"([A-Z][\w' -]*?)\s*\{[^{}]*\}\s*to\s*(\{[^{}]*\})")
+
+
+def _option_changes(text: str) -> dict[str, str]:
+    """Item name -> the options it should change to, as tau-bench's instructions state them
+    ("exchange Notebook {'size': 'A6', …} to {'size': 'A5'}": the options named after ``to``)."""
+    return {m.group(1).strip(): m.group(2) for m in _SPEC.finditer(text)}
+
+
 def _json(obs: str) -> Any:
     try:
         return json.loads(obs)
@@ -177,8 +199,29 @@ def _tool(name: str, **arguments: Any) -> Action:
     return ("action", json.dumps({"name": name, "arguments": arguments}))
 
 
+def userrl_protocol(view_prompt: str) -> bool:
+    """Whether the row's prompt teaches UserRL's mapping of the choices (``answer`` calls a tool,
+    ``action`` talks to the customer) rather than ours: its ``answer`` description mentions a tool."""
+    m = re.search(r"\*\s*`answer`\s*:([^\n]*)", view_prompt)
+    return bool(m and re.search(r"\btool\b", m.group(1), re.IGNORECASE))
+
+
 class TauExpert(Expert):
     gym = "tau"
+
+    def act(self, observation: str | None) -> Action | None:
+        """The policy's actions in our mapping (``action`` = tool, ``answer`` = customer), swapped when the
+        prompt teaches UserRL's (:func:`userrl_protocol`: UserRL's own tau rows)."""
+        action = super().act(observation)
+        if action is None or not self._userrl:
+            return action
+        return ({"action": "answer", "answer": "action"}.get(action[0], action[0]), action[1])
+
+    @property
+    def _userrl(self) -> bool:
+        if not hasattr(self, "_userrl_cached"):
+            self._userrl_cached = userrl_protocol("\n".join(c for r, c in self.view.prompt if r == "system"))
+        return self._userrl_cached
 
     def policy(self) -> Generator[Action, str, None]:
         # 1. who is it?
@@ -279,15 +322,44 @@ class TauExpert(Expert):
             if not (st.fallback and status == "delivered"):
                 return None, f"order {st.order} is {status or 'not found'}, so it can no longer be cancelled"
             kind = st.fallback
-        if kind in ("address",) and status != "pending":
-            return None, f"order {st.order} is {status or 'not found'}, so its address can no longer be changed"
+        if kind in ("address", "payment", "modify") and status != "pending":
+            return None, f"order {st.order} is {status or 'not found'}, so it can no longer be changed"
+        if kind == "payment":
+            pay = pick_payment(st.text, methods, None)
+            if pay is None or pay == original:
+                return None, f"I could not tell which other payment method to use for order {st.order}"
+            st.arguments = {"payment_method_id": pay}
+            return st, ""
+        if kind == "modify":   # tau-bench: "modify Item {old} to {new}"; "to {}" keeps the item as it is
+            specs = _option_changes(st.text)
+            items = [it for it in order.get("items", []) if it["name"] in specs]
+            new_ids = []
+            for it in items:
+                if specs[it["name"]].strip("{} ") == "":
+                    new_ids.append(it["item_id"])
+                    continue
+                product = _json((yield _tool("get_product_details", product_id=it["product_id"]))) or {}
+                vid = pick_variant(product, it["item_id"], specs[it["name"]])
+                if not (vid and product["variants"][vid].get("available")):
+                    return None, f"the {it['name']} you asked for is not available"
+                new_ids.append(vid)
+            if not items:
+                return None, f"I could not tell which items of order {st.order} to change"
+            st.arguments = {"item_ids": [it["item_id"] for it in items], "new_item_ids": new_ids,
+                            "payment_method_id": pick_payment(st.text.split("}")[-1], methods, original)}
+            return st, ""
         if kind == "exchange":
-            items = _items_named(order, st.text.split(" for the ")[0])
+            specs = _option_changes(st.text)    # "Grill {…} to {…}": the items are those named before a spec
+            items = [it for it in order.get("items", []) if it["name"] in specs] or \
+                _items_named(order, st.text.split(" for the ")[0])
             target = st.text.split(" for the ", 1)[1].split(".")[0] if " for the " in st.text else st.text
             new_ids, missing = [], []
             for it in items:
+                if specs.get(it["name"], "x").strip("{} ") == "":   # "Item {…} to {}": the same item again
+                    new_ids.append(it["item_id"])
+                    continue
                 product = _json((yield _tool("get_product_details", product_id=it["product_id"]))) or {}
-                vid = pick_variant(product, it["item_id"], target)
+                vid = pick_variant(product, it["item_id"], specs.get(it["name"], target))
                 if vid and product["variants"][vid].get("available"):
                     new_ids.append(vid)
                 else:
