@@ -15,11 +15,12 @@ export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup pipeline test test-fast bench ui ui-stop clean-outputs help
+.PHONY: setup pipeline test test-all test-fast bench ui ui-stop clean-outputs help
 
 help:
 	@echo "make pipeline   # set up .venv and run the whole pipeline (dvc repro) on the tiny default"
-	@echo "make test       # set up .venv and run the test suite"
+	@echo "make test       # set up .venv and run the test suite (all but the \`long\` runs; CI runs this)"
+	@echo "make test-all   # every test, the \`long\` runs included (full dvc repro, browser, agent signal)"
 	@echo "make bench      # data-stage throughput benchmark (not a test)"
 	@echo "make ui         # start the Prefect UI (+ deployments) and the MLflow UI on 127.0.0.1"
 	@echo "make ui-stop    # stop them"
@@ -41,6 +42,9 @@ pipeline: setup
 	dvc repro
 
 test: setup
+	pytest -m "not long"
+
+test-all: setup
 	pytest
 
 test-fast: setup

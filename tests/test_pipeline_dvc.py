@@ -94,6 +94,7 @@ def test_second_repro_is_a_fast_noop(project):
     assert dt <= 5.0, f"no-op dvc repro took {dt:.2f}s"
 
 
+@pytest.mark.long
 def test_param_change_reruns_only_dependants(project):
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["splits"]["seed"] = params["splits"]["seed"] + 1

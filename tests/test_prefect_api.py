@@ -89,6 +89,7 @@ def test_shared_server_is_reused_leased_and_stopped_when_idle(tmp_path, clean_en
     assert "stopped: idle for 4 s" in (home / "shared_api" / "server.log").read_text()
 
 
+@pytest.mark.long
 def test_stop_command(tmp_path, clean_env):
     home = tmp_path / "home"
     clean_env.setenv("PREFECT_HOME", str(home))
@@ -103,6 +104,7 @@ def test_stop_command(tmp_path, clean_env):
     assert prefect_api.status(home) == {"alive": False}
 
 
+@pytest.mark.long
 def test_prestart_starts_in_the_background_and_a_flow_waits_for_it(tmp_path, clean_env):
     """`prestart` (what the data stages run under dvc repro) returns at once, a second one starts nothing, and
     a flow process that comes while the server still starts waits for that server instead of starting another."""

@@ -586,6 +586,7 @@ def test_a_finished_run_off_the_save_cadence_resumes_from_its_last_checkpoint(pr
     assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
 
 
+@pytest.mark.long
 def test_a_direct_start_trains_the_same_bits_as_torchrun(project: Project):
     """`launcher: direct` (world size 1: the job module started without a launcher process) runs the same job,
     and so does a direct job started ahead (`prestart`: it imports, waits, then gets the rest of its

@@ -179,6 +179,7 @@ def test_stop_finds_a_process_that_left_the_tree_by_its_mark(tmp_path):
     assert not ui.process_alive(worker) and ui.marked_processes(tmp_path) == []
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_a_real_start_stop_cycle_leaves_nothing_behind(tmp_path, capsys):
     shm = shm_folders()
