@@ -47,7 +47,7 @@ import polars as pl
 from mimesis_lab import expectations as X
 from mimesis_lab.config import Params
 from mimesis_lab.envs.gyms import experts
-from mimesis_lab.envs.gyms.registry import RowError, load_tasks, normalise_row
+from mimesis_lab.envs.gyms.registry import RowError, TaskLookupError, load_tasks_or_unreadable, normalise_row
 from mimesis_lab.io import InputFileError, Quarantine, read_parquet
 from stages.common import StageError, StageResult, main
 
@@ -84,6 +84,8 @@ def trace_row(row: dict[str, Any], tasks: dict[str, dict[str, Any]], show_reward
     kind = "oracle" if explore is None else "exploratory"
     try:
         tr = experts.expert_trace(row, tasks, show_reward=show_reward, max_steps=max_steps, explore=explore)
+    except TaskLookupError as e:
+        return None, f"{e.reason}: {e.args[0] if e.args else e}"
     except Exception as e:  # noqa: BLE001 - an episode that raises is this row's problem
         return None, f"error: {gym} task {tid!r}: {type(e).__name__}: {e}"
     if tr is None:
@@ -192,7 +194,8 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
                 continue
             gym = str(row.get("gym"))
             if gym not in tasks_cache and gym in experts.ORACLE_GYMS:
-                tasks_cache[gym] = load_tasks(gym, params.gyms.tasks.get(gym), **params.gyms.task_options(gym))
+                tasks_cache[gym] = load_tasks_or_unreadable(gym, params.gyms.tasks.get(gym),
+                                                            **params.gyms.task_options(gym))
             rec, reason = trace_row(row, tasks_cache, cfg.show_reward, cfg.max_steps)
             c = per_gym.setdefault(gym, Counter())
             if rec is None:

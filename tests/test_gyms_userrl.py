@@ -297,8 +297,9 @@ def test_agent_traces_on_published_rows(tmp_path, monkeypatch):
     train = res.outputs["data/agent_sft/train.parquet"]
     assert {"function", "persuade"} <= set(train.get_column("gym"))
     assert set(train.get_column("split")) == {"train"}
-    assert all(r.startswith(("error:", "unrewarded:")) for r in res.quarantine.reason)
-    assert any("retail-train-000" in r for r in res.quarantine.reason)   # tau ids absent from the bundled file
+    assert all(r.startswith(("error:", "unrewarded:", "task_missing:", "task_file:")) for r in res.quarantine.reason)
+    tau = [r for r in res.quarantine.reason if "retail-train-000" in r]   # tau ids absent from the bundled file
+    assert tau and all(r.startswith(("task_missing:", "task_file:")) for r in tau), tau
 
 
 @need_ref
@@ -354,3 +355,31 @@ def test_tau_expert_on_real_tau_tasks_and_rows():
     built = registry.MODULES["tau"].build_rows(tasks["tau"], "train")
     scores = [(experts.expert_trace(r, tasks, vague_rate=0.0) or {}).get("total_reward", 0.0) for r in built]
     assert len(built) == 12 and scores == [1.0] * 12, scores
+
+
+# --------------------------------------------------------------------------------- consumers, no task file
+@need_ref
+def test_an_unreadable_task_file_leaves_inline_rows_playable_and_names_the_file(tmp_path):
+    """Rows that carry their task inline need no task file; the others are left out with reason
+    ``task_file`` naming the file and the error, in every consumer (not a FileNotFoundError)."""
+    missing = tmp_path / "nowhere" / "tasks.json"
+    tasks = {g: registry.load_tasks_or_unreadable(g, missing) for g in ("persuade", "tau")}
+    assert all(isinstance(t, registry.UnreadableTasks) for t in tasks.values())
+    assert str(missing) in tasks["tau"].error and "FileNotFoundError" in tasks["tau"].error
+    name, tid, task = registry.resolve_task(_rows("persuade")[0], tasks)    # inline: no file needed
+    assert name == "persuade" and task["reasons"]
+    with pytest.raises(registry.TaskLookupError) as e:
+        registry.resolve_task(_rows("tau")[0], tasks)
+    assert e.value.reason == "task_file" and str(missing) in str(e.value)
+    # the agent RL jobs: rows counted by reason, the playable ones kept
+    from mimesis_lab.jobs.agent_grpo import load_training_rows
+
+    rows_file = tmp_path / "rows.parquet"
+    pl.DataFrame(_rows("persuade") + _rows("tau")).write_parquet(rows_file)
+    cfg = SimpleNamespace(data=str(rows_file), gyms={"persuade": 1.0, "tau": 1.0})
+    skipped: dict[str, int] = {}
+    by_gym, got = load_training_rows(cfg, {"persuade": str(missing), "tau": str(missing)}, skipped_out=skipped)
+    assert set(by_gym) == {"persuade"} and len(by_gym["persuade"]) == 4 and skipped == {"task_file": 4}
+    # a well-formed file without the row's id keeps the old reason
+    err = registry.TaskLookupError("x")
+    assert err.reason == "task_missing"

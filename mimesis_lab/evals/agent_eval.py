@@ -136,8 +136,8 @@ def select_rows(cfg: Any, skipped: dict[str, int] | None = None,
             if tasks is not None:
                 try:
                     resolve_task(r, tasks)
-                except TaskLookupError:
-                    skip("task_missing")
+                except TaskLookupError as e:
+                    skip(e.reason)
                     continue
                 except (RowError, ValueError):
                     skip("malformed_task")
@@ -396,7 +396,7 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
     :class:`~mimesis_lab.evals.eval_users.TrainingUserError` if an evaluation user is the training
     user, before anything runs.
     """
-    from mimesis_lab.envs.gyms.registry import load_tasks
+    from mimesis_lab.envs.gyms.registry import load_tasks_or_unreadable
 
     out = Path(out_dir if out_dir is not None else cfg.output_dir)
     cache = Path(cache_dir if cache_dir is not None else cfg.cache_dir)
@@ -411,7 +411,8 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
 
     settings = rollout_settings(cfg.rollout)
     opts = task_options or (lambda g: {})      # gyms.task_options: tau's db, search's corpus
-    tasks = {g: load_tasks(g, (task_files or {}).get(g), **opts(g)) for g in cfg.gyms}   # gyms.tasks; None = bundled
+    # gyms.tasks (None = bundled); an unreadable file skips only the rows that need it (reason task_file)
+    tasks = {g: load_tasks_or_unreadable(g, (task_files or {}).get(g), **opts(g)) for g in cfg.gyms}
     skipped_rows: dict[str, int] = {}
     rows = select_rows(cfg, skipped_rows, tasks)
     notes: list[str] = []

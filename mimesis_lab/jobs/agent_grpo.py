@@ -56,7 +56,7 @@ def load_training_rows(cfg: Any, task_files: dict[str, str | None], skipped_out:
     ``gyms.tasks`` (``task_files``; None = the bundled file), as the ``gyms`` stage read them. Rows may be
     UserRL's as published (no ``gym``/``task_id``/``split``: derived). ``skipped_out`` (when given) gets
     the rows left out per reason (``unknown_data_source``, ``no_task_id``, ``gym_not_trained``…)."""
-    from mimesis_lab.envs.gyms.registry import load_tasks
+    from mimesis_lab.envs.gyms.registry import TaskLookupError, load_tasks_or_unreadable, resolve_task
     from mimesis_lab.rollout.agent_env import load_gym_rows
 
     from mimesis_lab.io import ParquetReadError
@@ -72,13 +72,21 @@ def load_training_rows(cfg: Any, task_files: dict[str, str | None], skipped_out:
         skipped["gym_not_trained"] = other
     if not rows:
         raise TrainConfigError(f"{cfg.data}: no rows of the gyms {sorted(cfg.gyms)} (left out: {skipped})")
-    if skipped_out is not None:
-        skipped_out.update(skipped)
+    opts = task_options or (lambda g: {})      # gyms.task_options: tau's db, search's corpus
+    tasks = {g: load_tasks_or_unreadable(g, task_files.get(g), **opts(g)) for g in {r["gym"] for r in rows}}
     by_gym: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
+        try:
+            resolve_task(r, tasks)
+        except TaskLookupError as e:          # not in its task file, or the file unreadable: counted, left out
+            skipped[e.reason] = skipped.get(e.reason, 0) + 1
+            continue
         by_gym.setdefault(r["gym"], []).append(r)
-    opts = task_options or (lambda g: {})      # gyms.task_options: tau's db, search's corpus
-    return by_gym, {g: load_tasks(g, task_files.get(g), **opts(g)) for g in by_gym}
+    if not by_gym:
+        raise TrainConfigError(f"{cfg.data}: no row of the gyms {sorted(cfg.gyms)} has its task (left out: {skipped})")
+    if skipped_out is not None:
+        skipped_out.update(skipped)
+    return by_gym, {g: tasks[g] for g in by_gym}
 
 
 def step_metrics(trajs: list[Any], privileged: dict[str, list[str]], bsum: dict[str, float],

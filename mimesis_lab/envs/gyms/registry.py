@@ -22,7 +22,7 @@ from mimesis_lab.envs.gyms import function, intention, persuade, search, tau, te
 from mimesis_lab.envs.gyms.base import GYMS, Gym, UserSide, create_kwargs, gym_name
 
 __all__ = ["MODULES", "TRAIN_GYMS", "HELD_OUT_GYMS", "ALL_GYMS", "SPLITS", "load_tasks", "gym_for_row",
-           "TaskLookupError", "RowError", "row_identity", "normalise_row", "resolve_task", "inline_task"]
+           "TaskLookupError", "UnreadableTasks", "load_tasks_or_unreadable", "RowError", "row_identity", "normalise_row", "resolve_task", "inline_task"]
 
 MODULES: dict[str, ModuleType] = {m.__name__.rsplit(".", 1)[1]: m for m in
                                   (travel, turtle, function, tau, persuade, intention, telepathy, search)}
@@ -36,7 +36,19 @@ _SPLIT_ALIASES = {"train": "train", "val": "val", "valid": "val", "validation": 
 
 
 class TaskLookupError(KeyError):
-    """A row whose task id is not in its gym's task file (the message names both)."""
+    """A row whose task id is not in its gym's task file (the message names both); ``reason`` is
+    ``task_missing``, or ``task_file`` when the gym's task file could not be read at all."""
+
+    reason = "task_missing"
+
+
+class UnreadableTasks(dict):
+    """The (empty) tasks of a gym whose task file could not be read; ``error`` says why. Rows that carry
+    their task inline still resolve; the others raise :class:`TaskLookupError` with reason ``task_file``."""
+
+    def __init__(self, error: str):
+        super().__init__()
+        self.error = error
 
 
 class RowError(ValueError):
@@ -113,6 +125,11 @@ def resolve_task(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]
     if inline is not None:
         return name, tid, inline
     task = (tasks.get(name) or {}).get(tid)
+    if task is None and isinstance(tasks.get(name), UnreadableTasks):
+        err = TaskLookupError(f"{row.get('data_source')}: task id {tid!r} needs the {name} task file, which "
+                              f"cannot be read: {tasks[name].error}")
+        err.reason = "task_file"
+        raise err
     if task is None:
         raise TaskLookupError(f"{row.get('data_source')}: task id {tid!r} is not in the {name} task file")
     return name, tid, task
@@ -123,6 +140,17 @@ def load_tasks(gym: str, path: str | Path | None = None, **options: Any) -> dict
     (``GymsParams.task_options(gym)``: tau's ``db``, search's ``corpus``)."""
     mod = MODULES[gym]
     return mod.load_tasks(path, **options) if path is not None else mod.load_tasks(**options)
+
+
+def load_tasks_or_unreadable(gym: str, path: str | Path | None = None, **options: Any) -> dict[str, dict[str, Any]]:
+    """:func:`load_tasks`, or :class:`UnreadableTasks` (naming the file and the error) when the file cannot
+    be read or parsed: for consumers of rows, where rows with inline tasks need no file (UserRL's
+    turtle, telepathy and persuade rows) and the others are accounted for by reason, not a crash."""
+    try:
+        return load_tasks(gym, path, **options)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return UnreadableTasks(f"{path if path is not None else f'the bundled {gym} tasks'}: "
+                               f"{type(e).__name__}: {e}")
 
 
 def gym_for_row(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]], user: UserSide | None,
