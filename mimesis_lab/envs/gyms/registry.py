@@ -21,8 +21,9 @@ from typing import Any
 from mimesis_lab.envs.gyms import function, intention, persuade, search, tau, telepathy, travel, turtle
 from mimesis_lab.envs.gyms.base import GYMS, Gym, UserSide, create_kwargs, gym_name
 
-__all__ = ["MODULES", "TRAIN_GYMS", "HELD_OUT_GYMS", "ALL_GYMS", "SPLITS", "load_tasks", "gym_for_row",
-           "TaskLookupError", "UnreadableTasks", "load_tasks_or_unreadable", "RowError", "row_identity", "normalise_row", "resolve_task", "inline_task"]
+__all__ = ["MODULES", "TRAIN_GYMS", "HELD_OUT_GYMS", "ALL_GYMS", "SPLITS", "load_tasks", "load_tasks_or_unreadable",
+           "gym_for_row", "TaskLookupError", "UnreadableTasks", "RowError", "row_identity", "normalise_row",
+           "resolve_task", "inline_task"]
 
 MODULES: dict[str, ModuleType] = {m.__name__.rsplit(".", 1)[1]: m for m in
                                   (travel, turtle, function, tau, persuade, intention, telepathy, search)}
@@ -39,7 +40,9 @@ class TaskLookupError(KeyError):
     """A row whose task id is not in its gym's task file (the message names both); ``reason`` is
     ``task_missing``, or ``task_file`` when the gym's task file could not be read at all."""
 
-    reason = "task_missing"
+    def __init__(self, message: str, reason: str = "task_missing"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class UnreadableTasks(dict):
@@ -126,10 +129,8 @@ def resolve_task(row: dict[str, Any], tasks: dict[str, dict[str, dict[str, Any]]
         return name, tid, inline
     task = (tasks.get(name) or {}).get(tid)
     if task is None and isinstance(tasks.get(name), UnreadableTasks):
-        err = TaskLookupError(f"{row.get('data_source')}: task id {tid!r} needs the {name} task file, which "
-                              f"cannot be read: {tasks[name].error}")
-        err.reason = "task_file"
-        raise err
+        raise TaskLookupError(f"{row.get('data_source')}: task id {tid!r} needs the {name} task file, which "
+                              f"cannot be read: {tasks[name].error}", reason="task_file")
     if task is None:
         raise TaskLookupError(f"{row.get('data_source')}: task id {tid!r} is not in the {name} task file")
     return name, tid, task
