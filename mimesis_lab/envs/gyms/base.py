@@ -28,6 +28,7 @@ Everything a gym knows that the agent must discover is listed by :meth:`Gym.hidd
 from __future__ import annotations
 
 import json
+import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -100,25 +101,85 @@ def create_kwargs(row: dict[str, Any]) -> dict[str, Any]:
     return dict(tk.get("create_kwargs") or {})
 
 
+def task_records(data: Any, path: str | Path, gym: str) -> list[Any]:
+    """The records of a parsed task file: a JSON list, ``{"tasks": [...]}``, or an ``{id: record}`` object
+    (a record without ``id`` gets its key). Any other document is a ``ValueError`` naming ``path``."""
+    if isinstance(data, dict):
+        if isinstance(data.get("tasks"), list):
+            return data["tasks"]
+        return [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: the {gym} task file must be a JSON list of tasks or an {{id: task}} object, "
+                         f"got {type(data).__name__}")
+    return data
+
+
+def check_id(rec: dict[str, Any]) -> None:
+    """``ValueError`` unless the record's ``id`` is a non-empty string or an integer (not a boolean)."""
+    tid = rec.get("id")
+    if isinstance(tid, bool) or not isinstance(tid, (str, int)) or not str(tid).strip():
+        raise ValueError(f"missing or empty field 'id' (got {tid!r:.40})")
+
+
+def check_finite(value: Any, where: str = "") -> None:
+    """``ValueError`` naming the field (``options[0].price``) of the first NaN or infinite number in ``value``
+    (a record, walked through its objects and lists): no task may hold one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"field {where or 'value'!r} is not finite ({value!r})")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_finite(v, f"{where}[{i}]")
+
+
+def check_strings(rec: dict[str, Any], required: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+    """``ValueError`` naming the field unless each ``required`` field is a non-empty string and each
+    ``optional`` one, when present, a string."""
+    for k in required:
+        v = rec.get(k)
+        if v is None or v == "" or v == [] or v == {}:
+            raise ValueError(f"missing or empty field {k!r}")
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError(f"field {k!r} must be a non-empty string, got {type(v).__name__} {v!r:.40}")
+    for k in optional:
+        if k in rec and not isinstance(rec[k], str):
+            raise ValueError(f"field {k!r} must be a string, got {type(rec[k]).__name__} {rec[k]!r:.40}")
+
+
+def check_string_list(rec: dict[str, Any], key: str, required: bool = False) -> None:
+    """``ValueError`` naming ``key`` unless it is a list of non-empty strings (non-empty when ``required``;
+    when not required the field may be absent, but not null)."""
+    if key not in rec and not required:
+        return
+    v = rec.get(key)
+    if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise ValueError(f"field {key!r} must be a list of non-empty strings, got {v!r:.60}")
+    if required and not v:
+        raise ValueError(f"missing or empty field {key!r}")
+
+
 def tasks_by_id(path: str | Path, gym: str, required: tuple[str, ...], convert=None) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object; a
     record that is not an object, has no ``id`` or an empty ``required`` field is an error naming ``path``
-    and the missing field. ``convert(record)`` (optional) maps another schema (UserRL's) onto ours first;
-    it raises ``ValueError`` naming the missing field."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict):
-        data = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
+    and the missing field. ``convert(record)`` (optional) maps another schema (UserRL's) onto ours first
+    (and may check the record); it raises ``ValueError`` naming the field. A NaN or infinite number
+    anywhere in a record is an error naming its field (:func:`check_finite`)."""
+    data = task_records(json.loads(Path(path).read_text(encoding="utf-8")), path, gym)
     tasks: dict[str, dict[str, Any]] = {}
     for rec in data:
         if not isinstance(rec, dict):
             raise ValueError(f"{path}: malformed {gym} task (not an object): {rec!r:.80}")
         if "id" not in rec:
             raise ValueError(f"{path}: malformed {gym} task: missing field 'id': {rec!r:.80}")
-        if convert is not None:
-            try:
+        try:
+            check_id(rec)
+            check_finite(rec)
+            if convert is not None:
                 rec = convert(rec)
-            except ValueError as e:
-                raise ValueError(f"{path}: malformed {gym} task {str(rec['id'])!r}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"{path}: malformed {gym} task {str(rec['id'])!r}: {e}") from None
         missing = [k for k in required if not rec.get(k)]
         if missing:
             raise ValueError(f"{path}: malformed {gym} task {str(rec['id'])!r}: missing or empty field "

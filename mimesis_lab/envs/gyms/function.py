@@ -38,7 +38,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import Gym, StepResult, check_finite, check_id, register_gym, task_records
 
 __all__ = ["TASKS_PATH", "FunctionGym", "RuleError", "safe_eval", "load_tasks", "build_rows", "format_number",
            "check_task"]
@@ -169,10 +169,7 @@ def format_number(x: float) -> str:
 
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
     """Tasks by id from the UserRL ``functions.json`` format (list), ``{id: record}`` or ``{"tasks": [...]}``."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict):
-        data = data["tasks"] if isinstance(data.get("tasks"), list) else \
-            [dict(v, id=v.get("id", k)) for k, v in data.items()]
+    data = task_records(json.loads(Path(path).read_text(encoding="utf-8")), path, "function")
     tasks: dict[str, dict[str, Any]] = {}
     for rec in data:
         if not isinstance(rec, dict):
@@ -181,7 +178,9 @@ def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
         if missing:
             raise ValueError(f"{path}: malformed function task {rec.get('id')!r}: missing field {missing[0]!r}")
         try:
+            check_id(rec)
             check_task(rec)
+            check_finite(rec)
         except ValueError as e:
             raise ValueError(f"{path}: malformed function task {str(rec['id'])!r}: {e}") from None
         tasks[str(rec["id"])] = rec

@@ -37,7 +37,7 @@ import json
 import re
 from pathlib import Path
 
-from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, check_finite, check_id, register_gym, task_records
 
 __all__ = ["IntentionGym", "DEFAULT_TASKS", "IMPORTANCE_WEIGHTS", "STEP_PENALTY", "MATCH_THRESHOLD",
            "load_tasks", "build_rows", "content_words", "match_score"]
@@ -97,8 +97,7 @@ def _weight(detail: dict) -> float:
 
 def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
     """Tasks by id from a UserRL intentions file (a list, or a dict by id)."""
-    raw = json.loads(Path(path).read_text())
-    items = list(raw.values()) if isinstance(raw, dict) else raw
+    items = task_records(json.loads(Path(path).read_text()), path, "intention")
     out: dict[str, dict] = {}
     for t in items:
         if not isinstance(t, dict):
@@ -106,8 +105,15 @@ def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
         for k in ("id", "task", "missing_details"):
             if k not in t:
                 raise ValueError(f"{path}: intention task {t.get('id')!r} without field {k!r}")
+        try:
+            check_id(t)
+            check_finite(t)
+        except ValueError as e:
+            raise ValueError(f"{path}: intention task {t.get('id')!r}: {e}") from None
         if not isinstance(t["task"], str) or not t["task"].strip():
             raise ValueError(f"{path}: task {t['id']}: field 'task' must be a non-empty string")
+        if t.get("category") is not None and not isinstance(t["category"], str):
+            raise ValueError(f"{path}: task {t['id']}: field 'category' must be a string, got {t['category']!r:.40}")
         if not isinstance(t["missing_details"], list):
             raise ValueError(f"{path}: task {t['id']}: field 'missing_details' must be a list")
         details = []
@@ -117,6 +123,8 @@ def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
                 raise ValueError(f"{where} is not an object")
             if not isinstance(d.get("description"), str) or not d["description"].strip():
                 raise ValueError(f"{where}: field 'description' must be a non-empty string")
+            if d.get("inquiry") is not None and not isinstance(d["inquiry"], str):
+                raise ValueError(f"{where}: field 'inquiry' must be a string, got {d['inquiry']!r:.40}")
             opts = d.get("options", [])
             if opts is None or not isinstance(opts, list) or \
                     not all(isinstance(o, str) and o.strip() for o in opts):
@@ -125,11 +133,11 @@ def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
                 raise ValueError(f"{where}: field 'options' is empty (the user has no wish to draw)")
             d = dict(d, importance=str(d.get("importance", "2")).strip(), options=list(opts))
             if d["importance"] not in IMPORTANCE_WEIGHTS:
-                raise ValueError(f"{where}: importance must be 1, 2 or 3, got {d['importance']!r}")
+                raise ValueError(f"{where}: field 'importance' must be 1, 2 or 3, got {d['importance']!r}")
             details.append(d)
         if not details:
-            raise ValueError(f"{path}: task {t['id']} has no missing details")
-        out[str(t["id"])] = dict(t, category=t.get("category", ""), missing_details=details)
+            raise ValueError(f"{path}: task {t['id']} has no missing details (field 'missing_details' is empty)")
+        out[str(t["id"])] = dict(t, category=t.get("category") or "", missing_details=details)
     return out
 
 

@@ -31,7 +31,8 @@ import json
 import re
 from pathlib import Path
 
-from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import (CHOICES, Gym, StepResult, check_finite, check_id, check_strings,
+                                        register_gym, task_records)
 
 __all__ = ["PersuadeGym", "DEFAULT_TASKS", "load_tasks", "build_rows", "parse_stance", "strip_stance", "STANCE_LABELS",
            "target_direction", "from_userrl", "task_from_kwargs", "USERRL_INITIAL_STANCE"]
@@ -92,11 +93,11 @@ def task_from_kwargs(kwargs: dict, reward_model: dict | None = None) -> dict | N
 
 def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
     """Tasks by id: ``{id, claim, initial_stance (1-7), target (agree|disagree), persona, reasons: [str]}``
-    (or UserRL's ``{id, claim, argument}``, :func:`from_userrl`); a list or an ``{id: record}`` object."""
+    (or UserRL's ``{id, claim, argument}``, :func:`from_userrl`); a list or an ``{id: record}`` object. A task
+    that cannot be played (no or a non-string ``claim``, a boolean / non-integer ``initial_stance``, a NaN
+    anywhere…) is an error naming the file, the task and the field."""
     out: dict[str, dict] = {}
-    data = json.loads(Path(path).read_text())
-    if isinstance(data, dict):
-        data = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
+    data = task_records(json.loads(Path(path).read_text()), path, "persuade")
     for t in data:
         if not isinstance(t, dict):
             raise ValueError(f"{path}: persuade task is not an object: {t!r:.80}")
@@ -107,14 +108,22 @@ def load_tasks(path: str | Path = DEFAULT_TASKS) -> dict[str, dict]:
         for k in ("id", "claim", "initial_stance", "target", "reasons"):
             if k not in t:
                 raise ValueError(f"{path}: persuade task {t.get('id')!r}: missing field {k!r}")
+        try:
+            check_id(t)
+            check_strings(t, ("claim",), ("persona",) if t.get("persona") is not None else ())
+            check_finite(t)
+        except ValueError as e:
+            raise ValueError(f"{path}: persuade task {t.get('id')!r}: {e}") from None
         if not isinstance(t["reasons"], list) or not t["reasons"] or \
                 not all(isinstance(r, str) and r.strip() for r in t["reasons"]):
             raise ValueError(f"{path}: task {t['id']}: field 'reasons' must be a non-empty list of non-empty strings")
         if t["target"] not in ("agree", "disagree"):
-            raise ValueError(f"{path}: task {t['id']}: target must be agree or disagree")
-        if not isinstance(t["initial_stance"], int) or not 1 <= t["initial_stance"] <= 7 \
-                or t["initial_stance"] == _target_end(t):
-            raise ValueError(f"{path}: task {t['id']}: initial_stance must be 1..7 and not already the target end")
+            raise ValueError(f"{path}: task {t['id']}: field 'target' must be agree or disagree, "
+                             f"got {t['target']!r:.30}")
+        if isinstance(t["initial_stance"], bool) or not isinstance(t["initial_stance"], int) \
+                or not 1 <= t["initial_stance"] <= 7 or t["initial_stance"] == _target_end(t):
+            raise ValueError(f"{path}: task {t['id']}: field 'initial_stance' must be an integer 1..7 and not already "
+                             f"the target end, got {t['initial_stance']!r:.30}")
         out[str(t["id"])] = dict(t)
     return out
 

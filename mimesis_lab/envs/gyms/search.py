@@ -36,7 +36,8 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import (CHOICES, Gym, StepResult, check_finite, check_id, check_string_list,
+                                        check_strings, register_gym, task_records)
 from mimesis_lab.io import InputFileError
 
 __all__ = ["SearchGym", "BM25", "LibraryBM25", "DEFAULT_TASKS", "DEFAULT_PASSAGES", "load_tasks", "load_passages",
@@ -163,20 +164,33 @@ def answer_in_corpus(task: dict, path: str | Path) -> bool:
 def load_tasks(path: str | Path = DEFAULT_TASKS, corpus: str | Path | None = None) -> dict[str, dict]:
     """Tasks by id (ours, or Bamboogle's ``{id, question, answer}``); each gets ``passages_path``:
     ``corpus`` when given (``gyms.search_corpus``, searched with rank-bm25, and ``answerable`` set per
-    task), else the passages the record names, else the sibling ``passages.jsonl``."""
+    task), else the passages the record names, else the sibling ``passages.jsonl``. A task without a
+    non-empty string ``question`` / ``answer``, with ``aliases`` that are not a list of strings, or with a NaN
+    anywhere is an error naming the file, the task and the field."""
     path = Path(path)
     if corpus is not None:
         load_passages(corpus)   # a broken corpus fails here, naming its file
     out: dict[str, dict] = {}
-    for t in json.loads(path.read_text()):
+    for t in task_records(json.loads(path.read_text()), path, "search"):
         if not isinstance(t, dict):
             raise ValueError(f"{path}: a search task is a JSON object, not {t!r:.60}")
         for k in ("id", "question", "answer"):
             if k not in t:
                 raise ValueError(f"{path}: search task without {k!r}: {t}")
+        try:
+            check_id(t)
+            check_finite(t)
+            check_strings(t, ("question",))
+            check_string_list(t, "aliases")
+        except ValueError as e:
+            raise ValueError(f"{path}: search task {t.get('id')!r}: {e}") from None
         answers = t["answer"] if isinstance(t["answer"], list) else [t["answer"]]
         if not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-            raise ValueError(f"{path}: search task {t['id']!r}: answer must be a non-empty string (or list of them)")
+            raise ValueError(f"{path}: search task {t['id']!r}: field 'answer' must be a non-empty string (or list of "
+                             f"them), got {t['answer']!r:.40}")
+        if not all(normalize_answer(a) for a in [*answers, *t.get("aliases", [])]):
+            raise ValueError(f"{path}: search task {t['id']!r}: field 'answer' (or 'aliases') has an answer that is "
+                             "empty once normalised (no answer could match it)")
         t = dict(t, answer=answers[0], aliases=[*answers[1:], *list(t.get("aliases") or [])])
         if corpus is not None:
             t["passages_path"], t["retriever"] = str(corpus), "rank_bm25"

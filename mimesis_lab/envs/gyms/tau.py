@@ -39,14 +39,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mimesis_lab.envs.gyms.base import CHOICES, Gym, StepResult, register_gym
+from mimesis_lab.envs.gyms.base import (CHOICES, Gym, StepResult, check_finite, check_id, check_strings,
+                                        register_gym, task_records)
 from mimesis_lab.envs.gyms.tau_tools import (CANCEL_REASONS, TERMINAL_TOOLS, TOOL_DOCS, TOOLS, WRITE_TOOLS,
                                              ToolError, call_tool, db_hash)
 from mimesis_lab.envs.gyms.tau_tools import load_db as _load_db_at
 
 __all__ = ["TauGym", "TOOLS", "WRITE_TOOLS", "ToolError", "DEFAULT_TASKS", "DEFAULT_DB", "load_tasks", "load_db",
            "build_rows", "db_hash", "call_tool", "STOP", "DONE", "WORLD_TOOLS", "userrl_task", "outputs_found",
-           "CANCEL_REASONS", "TERMINAL_TOOLS", "tool_list"]
+           "CANCEL_REASONS", "TERMINAL_TOOLS", "tool_list", "check_task"]
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "tau"
 DEFAULT_TASKS = DATA_DIR / "tasks.json"
@@ -94,7 +95,7 @@ def load_tasks(path: str | Path = DEFAULT_TASKS, db: str | Path | None = None) -
     path = Path(path)
     if db is not None:
         load_db(db)
-    raw = json.loads(path.read_text())
+    raw = task_records(json.loads(path.read_text()), path, "tau")
     out: dict[str, dict] = {}
     for t in raw:
         if not isinstance(t, dict):
@@ -107,12 +108,42 @@ def load_tasks(path: str | Path = DEFAULT_TASKS, db: str | Path | None = None) -
             if t.get(k) is None:
                 raise ValueError(f"{path}: tau task without {k!r}: {t!r:.200}")
         t.setdefault("outputs", [])
+        try:
+            check_task(t)
+        except ValueError as e:
+            raise ValueError(f"{path}: malformed tau task {str(t['id'])!r}: {e}") from None
         if db is not None:
             t["db_path"] = str(db)
         else:
             t.setdefault("db_path", str(path.parent / "db.json"))
         out[str(t["id"])] = t
     return out
+
+
+def check_task(t: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the field when a task cannot be played: ``id``, ``user_id`` and
+    ``instruction`` non-empty strings (an integer id is fine), ``actions`` a list (may be empty) of
+    ``{name: <a tool of TOOLS>, kwargs: {...}}``, ``outputs`` a list of strings or numbers, ``opening`` (if
+    any) a string, and no NaN or infinite number anywhere. Whether the gold actions succeed depends on the
+    database: a failing one is reported when the episode is built (:meth:`TauGym.setup`)."""
+    check_id(t)
+    check_strings(t, ("user_id", "instruction"), ("opening",) if t.get("opening") is not None else ())
+    acts = t["actions"]
+    if not isinstance(acts, list):
+        raise ValueError(f"field 'actions' must be a list of {{name, kwargs}} tool calls, got "
+                         f"{type(acts).__name__} {acts!r:.40}")
+    for n, a in enumerate(acts):
+        if not isinstance(a, dict):
+            raise ValueError(f"actions[{n}] must be a {{name, kwargs}} object, got {a!r:.40}")
+        if not isinstance(a.get("name"), str) or a["name"] not in TOOLS:
+            raise ValueError(f"actions[{n}]: field 'name' {a.get('name')!r:.40} is not a tool (tools: {sorted(TOOLS)})")
+        if a.get("kwargs") is not None and not isinstance(a["kwargs"], dict):
+            raise ValueError(f"actions[{n}]: field 'kwargs' must be an object, got {a['kwargs']!r:.40}")
+    outs = t["outputs"]
+    if not isinstance(outs, list) or not all(isinstance(o, (str, int, float)) and not isinstance(o, bool)
+                                             for o in outs):
+        raise ValueError(f"field 'outputs' must be a list of strings, got {outs!r:.60}")
+    check_finite(t)
 
 
 def outputs_found(outputs: list[str], messages: list[str]) -> dict[str, bool]:

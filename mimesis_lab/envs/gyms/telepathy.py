@@ -33,10 +33,11 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
+from mimesis_lab.envs.gyms.base import (Gym, StepResult, check_string_list, check_strings, register_gym,
+                                        tasks_by_id)
 
 __all__ = ["TASKS_PATH", "TelepathyGym", "load_tasks", "build_rows", "normalise", "is_match", "from_userrl",
-           "task_from_kwargs"]
+           "task_from_kwargs", "check_task"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "telepathy" / "tasks.json"
 
@@ -123,10 +124,22 @@ def task_from_kwargs(kwargs: dict[str, Any], reward_model: dict[str, Any] | None
                    kwargs.get("id"))
 
 
+def check_task(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` if it can be played, else ``ValueError`` naming the field: ``entity`` and ``category``
+    non-empty strings, ``aliases`` (optional) a list of non-empty strings, ``description`` and
+    ``prompt`` (optional) strings."""
+    check_strings(rec, ("entity", "category"), ("description", "prompt"))
+    if not normalise(rec["entity"]):
+        raise ValueError(f"field 'entity' {rec['entity']!r:.40} has no letter or digit (no guess could match it)")
+    check_string_list(rec, "aliases")
+    return rec
+
+
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object, in our
-    schema or UserRL's (:func:`from_userrl`)."""
-    return tasks_by_id(path, "telepathy", ('entity', 'category'), convert=from_userrl)
+    schema or UserRL's (:func:`from_userrl`); a task that cannot be played is an error naming the field
+    (:func:`check_task`)."""
+    return tasks_by_id(path, "telepathy", ('entity', 'category'), convert=lambda rec: check_task(from_userrl(rec)))
 
 
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:

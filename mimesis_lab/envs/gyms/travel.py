@@ -13,7 +13,11 @@ A task (``data/raw/gyms/travel/tasks.json``, a list of records or ``{id: record}
 A preference ``check`` is one of ``{"tag": t}`` (``t`` in the option's tags), ``{"attr": a, "max": v}``,
 ``{"attr": a, "min": v}`` or ``{"attr": a, "equals": v}``. Exactly one option (``best_id``) satisfies
 every preference. ``stated`` preferences are in the opening request (known from the start);
-the others are hidden and only the user side knows them.
+the others are hidden and only the user side knows them. :func:`load_tasks` rejects, naming the field,
+a task that breaks this (:func:`check_aspect`): options that are not objects with a unique ``id`` and
+a finite number ``price``, preferences without ``text`` or a known ``check``, a ``best_id`` that is
+not an option, misses a preference or is not the only option meeting them all, or a NaN / infinite
+number anywhere.
 
 **Reward rule** (per step; rewards add up over the episode):
 
@@ -48,13 +52,15 @@ counts as a step and the episode ends after ``max_steps`` steps.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
-__all__ = ["TASKS_PATH", "TravelGym", "load_tasks", "build_rows", "satisfies", "search_options", "mentions", "aspects"]
+__all__ = ["TASKS_PATH", "TravelGym", "load_tasks", "check_aspect", "build_rows", "satisfies", "search_options",
+           "mentions", "aspects"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "travel" / "tasks.json"
 
@@ -120,25 +126,87 @@ def aspects(task: dict[str, Any]) -> list[dict[str, Any]]:
 
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object; every
-    aspect needs options, preferences and a ``best_id`` among its options, and option ids are unique."""
+    aspect needs options and preferences (:func:`check_aspect`), a ``best_id`` among its options that is
+    the only option satisfying every preference, and option ids are unique. A record that fails is an
+    error naming the file, the task and the field."""
     tasks = tasks_by_id(path, "travel", ())
     for tid, t in tasks.items():
         asp = t.get("aspects") if "aspects" in t else [t]
         if not isinstance(asp, list) or not asp or not all(isinstance(a, dict) for a in asp):
             raise ValueError(f"{path}: travel task {tid!r}: aspects must be a non-empty list of objects")
         ids: list[str] = []
-        for a in asp:
+        for n, a in enumerate(asp):
+            where = f"aspects[{n}]: " if "aspects" in t else ""
             if not a.get("options") or not a.get("preferences"):
-                raise ValueError(f"{path}: malformed travel task {tid!r}: an aspect without options or preferences")
-            opt_ids = [str(o.get("id")) for o in a["options"] if isinstance(o, dict)]
-            if str(a.get("best_id")) not in opt_ids:
-                raise ValueError(f"{path}: travel task {tid!r}: best_id {a.get('best_id')!r} is not an option id")
-            ids += opt_ids
+                raise ValueError(f"{path}: malformed travel task {tid!r}: {where}an aspect without options or "
+                                 f"preferences (field {'options' if not a.get('options') else 'preferences'!r})")
+            try:
+                check_aspect(a)
+            except ValueError as e:
+                raise ValueError(f"{path}: malformed travel task {tid!r}: {where}{e}") from None
+            ids += [str(o["id"]) for o in a["options"]]
         if len(ids) != len(set(ids)):
-            raise ValueError(f"{path}: travel task {tid!r}: option ids repeat across aspects")
+            raise ValueError(f"{path}: travel task {tid!r}: field 'id': option ids repeat across aspects")
         if "aspects" in t and not t.get("request"):
             raise ValueError(f"{path}: travel task {tid!r}: a multi-aspect task needs a request")
     return tasks
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_aspect(a: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the field when an aspect cannot be played or would reward the wrong
+    option: ``options`` a list of objects, each with a unique non-empty ``id`` and a finite number
+    ``price`` (``tags`` a list); ``preferences`` a list of objects with a ``text``, a list of
+    ``keywords`` and a ``check`` of a known form (a tag, or an attribute with a finite number
+    ``max``/``min`` or an ``equals`` value); ``best_id`` an option id, the one option that satisfies
+    every preference (module docstring)."""
+    opts, prefs = a["options"], a["preferences"]
+    if not isinstance(opts, list) or not all(isinstance(o, dict) for o in opts):
+        raise ValueError(f"field 'options' must be a non-empty list of objects, got {opts!r:.60}")
+    if not isinstance(prefs, list) or not all(isinstance(p, dict) for p in prefs):
+        raise ValueError(f"field 'preferences' must be a non-empty list of objects, got {prefs!r:.60}")
+    seen: set[str] = set()
+    for i, o in enumerate(opts):
+        oid = o.get("id")
+        if isinstance(oid, bool) or not isinstance(oid, (str, int)) or not str(oid).strip():
+            raise ValueError(f"options[{i}]: missing or empty field 'id' (got {oid!r:.40})")
+        if str(oid) in seen:
+            raise ValueError(f"options[{i}]: field 'id' {oid!r} repeats an earlier option's id")
+        seen.add(str(oid))
+        if not _number(o.get("price")):
+            raise ValueError(f"options[{i}] ({oid!r}): field 'price' must be a finite number, got "
+                             f"{type(o.get('price')).__name__} {o.get('price')!r:.30}")
+        if "tags" in o and not (isinstance(o["tags"], list) and all(isinstance(x, str) for x in o["tags"])):
+            raise ValueError(f"options[{i}] ({oid!r}): field 'tags' must be a list of strings, got {o['tags']!r:.60}")
+    for i, p in enumerate(prefs):
+        if not isinstance(p.get("text"), str) or not p["text"].strip():
+            raise ValueError(f"preferences[{i}]: missing or empty field 'text'")
+        kws = p.get("keywords", [])
+        if not isinstance(kws, list) or not all(isinstance(k, str) for k in kws):
+            raise ValueError(f"preferences[{i}]: field 'keywords' must be a list of strings, got {kws!r:.60}")
+        chk = p.get("check")
+        ok = isinstance(chk, dict) and (
+            (isinstance(chk.get("tag"), str) and chk["tag"].strip()) or
+            (isinstance(chk.get("attr"), str) and chk["attr"].strip() and (
+                ("max" in chk and _number(chk["max"])) or ("min" in chk and _number(chk["min"])) or
+                ("equals" in chk and chk["equals"] is not None and not isinstance(chk["equals"], (list, dict))))))
+        if not ok:
+            raise ValueError(f"preferences[{i}]: field 'check' must be {{tag}} or {{attr, max|min|equals}} (max/min a "
+                             f"finite number), got {chk!r:.80}")
+    if str(a.get("best_id")) not in seen:
+        raise ValueError(f"field 'best_id' {a.get('best_id')!r} is not an option id")
+    fits = [str(o["id"]) for o in opts if all(satisfies(o, p) for p in prefs)]
+    if str(a["best_id"]) not in fits:
+        best = next(o for o in opts if str(o["id"]) == str(a["best_id"]))
+        miss = next(i for i, p in enumerate(prefs) if not satisfies(best, p))
+        raise ValueError(f"field 'best_id' {a['best_id']!r} does not satisfy preferences[{miss}] "
+                         f"({prefs[miss]['text']!r:.60})")
+    if len(fits) > 1:
+        raise ValueError(f"field 'best_id' {a['best_id']!r} is not the only option that satisfies every preference "
+                         f"(so do {[f for f in fits if f != str(a['best_id'])]})")
 
 
 def satisfies(option: dict[str, Any], pref: dict[str, Any]) -> bool:

@@ -31,6 +31,7 @@ call counts as a step and the episode ends after ``max_steps`` steps.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 from mimesis_lab.envs.gyms.base import Gym, StepResult, register_gym, tasks_by_id
 
 __all__ = ["TASKS_PATH", "TurtleGym", "load_tasks", "build_rows", "content_words", "fact_covered", "judge",
-           "from_userrl", "task_from_kwargs"]
+           "from_userrl", "task_from_kwargs", "check_task"]
 
 TASKS_PATH = Path(__file__).resolve().parents[3] / "data" / "raw" / "gyms" / "turtle" / "tasks.json"
 
@@ -143,14 +144,49 @@ def task_from_kwargs(kwargs: dict[str, Any], reward_model: dict[str, Any] | None
         return None
     surface, bottom = _text(kwargs, "surface"), _text(kwargs, "bottom")
     title = str(kwargs.get("title") or "").strip()
+    facts = _sentences(bottom)
+    if not facts:
+        raise ValueError("field 'bottom' has no sentence with a content word")
     return {"id": str(kwargs.get("id") or title or surface[:60]), "title": title or "Untitled", "surface": surface,
-            "solution": bottom, "key_facts": _sentences(bottom)}
+            "solution": bottom, "key_facts": facts}
+
+
+def check_task(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` if it can be played, else ``ValueError`` naming the field: ``surface`` and ``solution``
+    non-empty strings (``title`` a string), ``key_facts`` a non-empty list of strings each with a content
+    word (a fact without one can never be covered, so the story could never be solved), and
+    ``key_fact_weights`` (optional) one finite number >= 0 per key fact, not all 0."""
+    for k in ("surface", "solution"):
+        if not isinstance(rec.get(k), str) or not rec[k].strip():
+            raise ValueError(f"missing or empty field {k!r}" if not rec.get(k) else
+                             f"field {k!r} must be a non-empty string, got {type(rec[k]).__name__} {rec[k]!r:.40}")
+    if "title" in rec and not isinstance(rec["title"], str):
+        raise ValueError(f"field 'title' must be a string, got {type(rec['title']).__name__}")
+    facts = rec.get("key_facts")
+    if not facts:
+        raise ValueError("missing or empty field 'key_facts'")
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        raise ValueError(f"field 'key_facts' must be a list of strings, got {facts!r:.60}")
+    empty = [i for i, f in enumerate(facts) if not content_words(f)]
+    if empty:
+        raise ValueError(f"field 'key_facts' [{empty[0]}] {facts[empty[0]]!r:.40} has no content word (it can never "
+                         "be covered)")
+    if "key_fact_weights" in rec:
+        w = rec["key_fact_weights"]
+        if not isinstance(w, list) or len(w) != len(facts) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in w) \
+                or not sum(w) > 0:
+            raise ValueError(f"field 'key_fact_weights' must be one finite number >= 0 per key fact (not all 0), "
+                             f"got {w!r:.60}")
+    return rec
 
 
 def load_tasks(path: str | Path = TASKS_PATH) -> dict[str, dict[str, Any]]:
     """Tasks by id, from a JSON list of records (each with ``id``) or an ``{id: record}`` object, in our
-    schema or UserRL's (:func:`from_userrl`)."""
-    return tasks_by_id(path, "turtle", ('surface', 'solution', 'key_facts'), convert=from_userrl)
+    schema or UserRL's (:func:`from_userrl`); a task that cannot be played is an error naming the field
+    (:func:`check_task`)."""
+    return tasks_by_id(path, "turtle", ('surface', 'solution', 'key_facts'),
+                       convert=lambda rec: check_task(from_userrl(rec)))
 
 
 def build_rows(tasks: dict[str, dict[str, Any]], split: str) -> list[dict[str, Any]]:
