@@ -8,10 +8,12 @@ as :func:`~mimesis_lab.rollout.agent_rollout.run_agent_episodes` steps a round):
 view of each (the gym's hidden-task system prompt + the agent's message) is sent through the shim,
 sampled with ``agent_grpo.user`` settings (``max_new_tokens``, ``temperature``, one seed).
 
-Two servers on the same model and the same requests: ``serial`` (``max_batch=1``: one request at a
-time, what the server did before micro-batching) and ``batched`` (``max_batch=--episodes``,
-``--batch-wait-ms``). Timed rounds are interleaved (serial, batched, batched, serial, …) after a
-warm-up round each; reported: seconds per round, median [min–max], and the ratio of the medians.
+Three user sides on the same model and the same requests: ``serial`` (``max_batch=1``: one request at
+a time, what the server did before micro-batching), ``windows`` (``max_batch=--episodes``, batched by
+the arrival windows ``--batch-wait-ms`` / ``--max-batch-wait-ms`` alone) and ``round`` (the same server,
+the round announced with :meth:`ModelServer.round`, as the agent jobs and ``agent_eval`` do). Timed rounds
+are interleaved (the order rotates every repeat) after a warm-up round each; reported: seconds per round,
+median [min–max], and the ratios of the medians to ``serial``.
 
     python bench/bench_user_side.py [--episodes 16] [--repeat 5] [--max-new-tokens 32] [--batch-wait-ms 5]
                                     [--max-batch-wait-ms 50] [--prefix-cache 0]
@@ -77,8 +79,8 @@ class Side:
     """One user side: a model server (``max_batch``) behind its own shim."""
 
     def __init__(self, name: str, model, tok, max_batch: int, wait_ms: float, max_wait_ms: float, timeout_s: float,
-                 prefix_cache: int = 0):
-        self.name = name
+                 prefix_cache: int = 0, announce: bool = False):
+        self.name, self.announce = name, announce
         self.server = ModelServer(model, tok, max_batch=max_batch, batch_wait_ms=wait_ms,
                                   max_batch_wait_ms=max_wait_ms, prefix_cache_tokens=prefix_cache).start()
         self.shim = PrivilegedShim(self.server.url, timeout_s=timeout_s).start()
@@ -107,12 +109,20 @@ class Side:
                 return e.reason
 
         before = self.server.stats()
+        announced = self.server.round(len(rows)) if self.announce else None
         with ThreadPoolExecutor(len(rows)) as pool:
-            futs = [pool.submit(ask, k) for k in range(len(rows))]
+            if announced is not None:
+                announced.__enter__()
+                step = announced.wrap
+            else:
+                step = lambda fn: fn  # noqa: E731
+            futs = [pool.submit(step(lambda k=k: ask(k))) for k in range(len(rows))]
             gate.wait()
             t0 = time.perf_counter()
             errors = [f.result() for f in futs]
             wall = time.perf_counter() - t0
+            if announced is not None:
+                announced.__exit__(None, None, None)
         after = self.server.stats()
         for u in users:
             self.shim.delete(u.episode)
@@ -162,14 +172,17 @@ def main(argv=None) -> int:
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens or ucfg.max_new_tokens,
                               temperature=ucfg.temperature, seed=args.seed)
     sides = {"serial": Side("s", model, tok, 1, 0.0, 0.0, ucfg.timeout_s, args.prefix_cache),
-             "batched": Side("b", model, tok, args.episodes, args.batch_wait_ms, args.max_batch_wait_ms,
-                             ucfg.timeout_s, args.prefix_cache)}
+             "windows": Side("w", model, tok, args.episodes, args.batch_wait_ms, args.max_batch_wait_ms,
+                             ucfg.timeout_s, args.prefix_cache),
+             "round": Side("r", model, tok, args.episodes, args.batch_wait_ms, args.max_batch_wait_ms,
+                           ucfg.timeout_s, args.prefix_cache, announce=True)}
+    names = list(sides)
     res: dict[str, list[dict]] = {k: [] for k in sides}
     try:
         for name, side in sides.items():      # warm-up (first-call allocations, connections)
             side.round(rows, tasks, sampling, args.seed)
         for r in range(args.repeat):
-            order = ["serial", "batched"] if r % 2 == 0 else ["batched", "serial"]
+            order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 res[name].append(sides[name].round(rows, tasks, sampling, args.seed + 1 + r))
     finally:
@@ -177,23 +190,24 @@ def main(argv=None) -> int:
             side.close()
 
     secs = {k: [x["seconds"] for x in v] for k, v in res.items()}
-    ratio = statistics.median(secs["serial"]) / statistics.median(secs["batched"])
+    ratios = {k: round(statistics.median(secs["serial"]) / statistics.median(secs[k]), 2) for k in ("windows", "round")}
     out = {"episodes": args.episodes, "repeat": args.repeat, "max_new_tokens": sampling.max_new_tokens,
            "temperature": sampling.temperature, "batch_wait_ms": args.batch_wait_ms,
            "max_batch_wait_ms": args.max_batch_wait_ms, "prefix_cache": args.prefix_cache, "model": source,
            "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
            "device": str(next(model.parameters()).device),
-           "rounds": res, "median_s": {k: statistics.median(v) for k, v in secs.items()}, "speedup": round(ratio, 2)}
+           "rounds": res, "median_s": {k: statistics.median(v) for k, v in secs.items()}, "speedup": ratios}
     print(f"model: {source}; {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs")
     print(f"round of {args.episodes} user turns ({sampling.max_new_tokens} new tokens max, temperature "
           f"{sampling.temperature}), {args.repeat} interleaved repeats:")
-    for k in ("serial", "batched"):
+    for k in names:
         toks = statistics.median([x["tokens"] / x["seconds"] for x in res[k]])
         calls = sorted({x["calls"] for x in res[k]})
         fails = sum(x["failed"] for x in res[k])
         print(f"  {k:8s}: {_summary(secs[k])} per round; {toks:.0f} generated tokens/s; generation calls per "
               f"round {calls}; transport failures {fails}")
-    print(f"speedup (median serial / median batched): {ratio:.2f}x")
+    for k, x in ratios.items():
+        print(f"speedup of {k} (median serial / median {k}): {x:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))
     return 0

@@ -429,6 +429,11 @@ class AgentUserParams(Section):
         0, ge=0, description="Resample a reply that is not a well-formed `<think>…</think>utterance` up to this "
         "many times (new seed, nothing stored) before it counts as the turn; counted per step as "
         "`user/format_resamples` and `user/format_recovered`. 0 = every reply is final.")
+    format_resample_batch: int = Field(
+        1, ge=1, description="Send the format resamples this many at a time, concurrently (seeds k … k+B-1 in "
+        "one upstream batch), keeping the first well-formed one in seed order: the same replies and counters as "
+        "one at a time, in fewer generation rounds; the samples drawn but not needed are counted as "
+        "`user/format_speculative`. 1 = one at a time.")
 
 
 class AgentGRPOParams(RLPhaseParams):

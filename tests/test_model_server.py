@@ -232,6 +232,111 @@ def test_a_rounds_user_turns_reach_the_server_together(server, tok):
         shim.stop()
 
 
+def _post_later(url: str, body: dict, delay_s: float) -> dict:
+    time.sleep(delay_s)
+    with httpx.Client(timeout=60, trust_env=False) as c:
+        r = c.post(f"{url}/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def test_an_announced_round_is_one_generation_call_however_its_requests_spread(model, tok):
+    """No arrival window at all (0/0 ms): four requests 40 ms apart are four calls; announced as a
+    round, the same four are one call, with the same tokens (greedy)."""
+    srv = ModelServer(model, tok, max_batch=8, batch_wait_ms=0, max_batch_wait_ms=0, round_wait_ms=5000).start()
+    try:
+        bodies = [_body(p, max_tokens=6, temperature=0) for p in PROMPTS[:4]]
+
+        def run(announce: bool):
+            before = srv.stats()
+            with ThreadPoolExecutor(4) as pool:
+                if announce:
+                    with srv.round(4) as r:
+                        out = list(pool.map(lambda kb: r.wrap(lambda: _post_later(srv.url, kb[1], 0.04 * kb[0]))(),
+                                            enumerate(bodies)))
+                else:
+                    out = list(pool.map(lambda kb: _post_later(srv.url, kb[1], 0.04 * kb[0]), enumerate(bodies)))
+            after = srv.stats()
+            return out, {k: after[k] - before[k] for k in ("batches", "round_batches", "round_wait_capped")}
+
+        spread, st = run(False)
+        assert st["batches"] == 4 and st["round_batches"] == 0, st
+        together, st = run(True)
+        assert st == {"batches": 1, "round_batches": 1, "round_wait_capped": 0}, st
+        assert [_tokens(a) for a in spread] == [_tokens(b) for b in together]
+    finally:
+        srv.stop()
+
+
+def test_a_round_step_without_a_request_leaves_the_count(model, tok):
+    """Of a round of 3, one step returns without asking: the other two are generated together as soon
+    as both are queued, not after the round's cap."""
+    srv = ModelServer(model, tok, max_batch=8, batch_wait_ms=0, max_batch_wait_ms=0, round_wait_ms=20_000).start()
+    try:
+        body = _body("hello", max_tokens=4, temperature=0)
+        steps = [lambda: _post_later(srv.url, body, 0.0), lambda: _post_later(srv.url, body, 0.15),
+                 lambda: time.sleep(0.05)]
+        before, t0 = srv.stats(), time.monotonic()
+        with ThreadPoolExecutor(3) as pool, srv.round(3) as r:
+            list(pool.map(lambda f: r.wrap(f)(), steps))
+        wall, after = time.monotonic() - t0, srv.stats()
+        assert after["batches"] - before["batches"] == 1 and after["round_wait_capped"] == before["round_wait_capped"]
+        assert wall < 10, wall
+        assert srv._round_running == 0
+    finally:
+        srv.stop()
+
+
+def test_a_round_step_that_never_asks_costs_at_most_the_rounds_cap(model, tok):
+    """A step still running without a request holds the batch for ``round_wait_ms`` at most (counted in
+    ``round_wait_capped``); leaving the round releases its steps."""
+    srv = ModelServer(model, tok, max_batch=8, batch_wait_ms=0, max_batch_wait_ms=0, round_wait_ms=300).start()
+    try:
+        release = threading.Event()
+        with ThreadPoolExecutor(2) as pool, srv.round(2) as r:
+            stuck = pool.submit(r.wrap(lambda: release.wait(30)))
+            t0 = time.monotonic()
+            r.wrap(lambda: _post_later(srv.url, _body("hi", max_tokens=2, temperature=0), 0.0))()
+            waited = time.monotonic() - t0
+            release.set()
+            stuck.result()
+        assert 0.25 <= waited < 10, waited
+        assert srv.stats()["round_wait_capped"] == 1 and srv._round_running == 0
+        with srv.round(5):
+            pass
+        assert srv._round_running == 0
+    finally:
+        srv.stop()
+
+
+def test_agent_rollout_announces_its_rounds(model, tok):
+    """``run_agent_episodes(user_round=server.round)``: a round's user turns are one call even with no
+    arrival window (the path of the agent jobs and agent_eval)."""
+    from mimesis_lab.rollout.agent_rollout import run_agent_episodes
+    from tests.test_agent_rollout import ROW, Guess, Scripted
+
+    srv = ModelServer(model, tok, max_batch=8, batch_wait_ms=0, max_batch_wait_ms=0, round_wait_ms=5000).start()
+    shim = PrivilegedShim(srv.url, timeout_s=60).start()
+    try:
+        n = 6
+        users = [EndpointUser(shim.url, "tiny", episode=f"ann-{i}", timeout_s=60 + SHIM_MARGIN_S, max_retries=0,
+                              sampling=SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
+                 for i in range(n)]
+        before = srv.stats()
+        run_agent_episodes([ROW] * n, [Guess({}, user=u) for u in users], [("g", f"ann-{i}") for i in range(n)],
+                           Scripted(tok, ["[action] is it red?"] * n + ["[answer] blue"] * n), tok,
+                           SamplingParams(max_new_tokens=8), users=users, user_round=srv.round)
+        after = srv.stats()
+        assert after["requests"] - before["requests"] == n
+        assert after["batches"] - before["batches"] == 1, (before, after)
+        assert srv._round_running == 0
+        for u in users:
+            u.close()
+    finally:
+        shim.stop()
+        srv.stop()
+
+
 # ----------------------------------------------------------------------------- hardening: JSON
 
 

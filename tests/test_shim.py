@@ -547,3 +547,71 @@ def test_leak_check_sees_every_withheld_span():
     clean = SimpleNamespace(traj_id="e1", ids="user: ok")
     assert privacy_leaks(Tok(), [leaked], {"e1": [reasoning]}) == 1
     assert privacy_leaks(Tok(), [clean], {"e1": [reasoning]}) == 0
+
+
+class _SeedKeyed(BaseHTTPRequestHandler):
+    """Upstream whose reply is a function of the request's seed (``server.replies``; a missing seed is 502),
+    recording (seed, X-Request-Group) per request."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        seed = body.get("seed")
+        with self.server.lock:
+            self.server.seen.append((seed, self.headers.get("X-Request-Group")))
+        content = self.server.replies.get(seed)
+        data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+                          if content is not None else {"error": "boom"}).encode()
+        self.send_response(200 if content is not None else 500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5])
+def test_format_resample_batch_keeps_the_answer_and_counters_of_one_at_a_time(batch):
+    """Seeds 7, 8 malformed, 9 well-formed, 10 well-formed, 11 missing (an upstream failure): whatever the
+    batch, the turn is seed 9's, 2 resamples, 1 recovered; samples drawn past it are speculative and a
+    failure past the kept sample is ignored. All seeds malformed: the last one is kept. A failure before a
+    well-formed sample is a 502, as one at a time."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _SeedKeyed)
+    srv.lock, srv.seen = threading.Lock(), []
+    srv.replies = {7: "<think>x", 8: "<think>a</think>b<think>c</think>d", 9: "<think>cheap</think>under 90",
+                   10: "<think>other</think>no"}
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    shim = PrivilegedShim(f"http://127.0.0.1:{srv.server_address[1]}/v1", format_retries=4,
+                          format_resample_batch=batch).start()
+    try:
+        with httpx.Client(timeout=10, trust_env=False) as c:
+            def turn(ep, seed):
+                return c.post(f"{shim.episode_url(ep)}/chat/completions",
+                              json={"messages": [{"role": "user", "content": "budget?"}], "seed": seed})
+
+            r = turn("a", 7)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "under 90"
+            assert shim.privileged("a") == ["cheap"]
+            st = shim.stats()
+            assert (st["format_resamples"], st["format_recovered"], st["format_failures"]) == (2, 1, 0)
+            # one wave of min(4, batch) resamples holds seed 9 (k = 2): the ones after it were not needed
+            assert st["format_speculative"] == (min(4, batch) - 2 if batch > 1 else 0), st
+            groups = {g for s, g in srv.seen[1:]}
+            assert (groups == {None}) == (batch == 1)
+            # every seed malformed: retries spent, the last sample (seed 5 + 4) kept and counted
+            srv.replies.update({k: "<think>unclosed" for k in range(100, 105)})
+            r = turn("b", 100)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ""
+            st2 = shim.stats()
+            assert (st2["format_resamples"] - st["format_resamples"], st2["format_failures"]) == (4, 1)
+            # a failure at seed 201 (before the well-formed 202) ends the turn: 502, nothing stored
+            srv.replies.update({200: "<think>x", 202: "<think>ok</think>fine"})
+            turns = shim.stats()["turns"]
+            assert turn("c", 200).status_code == 502
+            assert shim.stats()["turns"] == turns
+    finally:
+        shim.stop()
+        srv.shutdown()
+    with pytest.raises(ValueError, match="format_resample_batch"):
+        PrivilegedShim("http://127.0.0.1:9/v1", format_resample_batch=0)

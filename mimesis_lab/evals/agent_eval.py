@@ -355,7 +355,8 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
             trajs = run_agent_episodes(rows, gyms, ids, backend, tok, sampling, max_turns=cfg.rollout.max_turns,
                                        max_total_tokens=cfg.rollout.max_total_tokens,
                                        show_reward=cfg.rollout.show_reward,
-                                       step_timeout_s=cfg.rollout.step_timeout_s, users=users)
+                                       step_timeout_s=cfg.rollout.step_timeout_s, users=users,
+                                       user_round=None if side.server is None else side.server.round)
             privileged = {t.traj_id: side.privileged(t.traj_id) for t in trajs}
             leaks = privacy_leaks(tok, trajs, privileged)
             if leaks:

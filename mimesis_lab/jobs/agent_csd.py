@@ -332,7 +332,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
             lr = set_lr(optimizer, lr_at(step, cfg.steps, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio))
             # 1. trajectories, exactly as in GRPO
             batch = collect_episodes(cfg, step, rank, world, by_gym, tasks, shim, user_model, backend, tokenizer,
-                                     before_rollout=refresh)
+                                     before_rollout=refresh, user_server=server)
             rows, bstats = build_agent_rows(batch.trajs, cfg.gamma, cfg.adv_eps, cfg.zero_credit, cfg.invalid_policy)
             # 2. the post-pass: coach the selected turns, build teacher rows
             t_post = time.perf_counter()

@@ -133,7 +133,7 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
             lr = set_lr(optimizer, lr_at(step, cfg.steps, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio))
             # 1. trajectories against the user behind the shim (privacy-checked)
             batch = collect_episodes(cfg, step, rank, world, by_gym, tasks, shim, user_model, backend, tokenizer,
-                                     before_rollout=refresh)
+                                     before_rollout=refresh, user_server=server)
             # 2. multi-turn GRPO rows; 3. the PPO-clip update
             rows, bstats = build_agent_rows(batch.trajs, cfg.gamma, cfg.adv_eps, cfg.zero_credit, cfg.invalid_policy)
             upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)

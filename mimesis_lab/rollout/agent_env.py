@@ -25,7 +25,7 @@ __all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side",
            "EpisodeBatch", "collect_episodes"]
 
 #: shim counters reported per step (``user/<key>``)
-USER_STAT_KEYS = ("format_failures", "format_resamples", "format_recovered")
+USER_STAT_KEYS = ("format_failures", "format_resamples", "format_recovered", "format_speculative")
 MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic to count as a leak
 
 
@@ -73,7 +73,8 @@ def start_user_side(user_cfg: Any, max_episodes: int):
     else:
         upstream, model = user_cfg.openai.base_url, user_cfg.openai.model
     shim = PrivilegedShim(upstream, timeout_s=user_cfg.timeout_s, max_episodes=max(1024, max_episodes),
-                          format_retries=user_cfg.format_retries)
+                          format_retries=user_cfg.format_retries,
+                          format_resample_batch=user_cfg.format_resample_batch)
     shim.start()
     return server, shim, model
 
@@ -109,13 +110,14 @@ class EpisodeBatch:
 
 def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: dict[str, list[dict[str, Any]]],
                      tasks: dict[str, Any], shim: Any, user_model: str, backend: Any, tokenizer: Any,
-                     before_rollout: Any = None) -> EpisodeBatch:
+                     before_rollout: Any = None, user_server: Any = None) -> EpisodeBatch:
     """Roll out one RL step of an agent section ``cfg`` (``agent_grpo``/``agent_csd``).
 
     ``prompts_per_step`` rows are drawn (gym by weight, then a row; a pure function of
     ``(seed, step)``), rank ``k`` taking groups ``k, k+W, …``, ``rollouts_per_prompt`` episodes each.
     ``before_rollout()`` runs after the gyms are built and before generation (e.g. refreshing a
-    vLLM engine's weights). Raises :class:`PrivacyError` if any reasoning reached an agent input.
+    vLLM engine's weights). ``user_server``: the in-process simulator server of :func:`start_user_side`
+    (or None); each round's user turns are announced to it (:meth:`ModelServer.round`). Raises :class:`PrivacyError` if any reasoning reached an agent input.
     """
     from mimesis_lab.envs.gyms.registry import gym_for_row
     from mimesis_lab.rollout.agent_rollout import run_agent_episodes
@@ -152,7 +154,7 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
     trajs = run_agent_episodes(rows, gyms, ids, backend, tokenizer, sampling,
                                max_turns=cfg.rollout.max_turns, max_total_tokens=cfg.rollout.max_total_tokens,
                                show_reward=cfg.rollout.show_reward, step_timeout_s=cfg.rollout.step_timeout_s,
-                               users=users)
+                               users=users, user_round=None if user_server is None else user_server.round)
     t_roll = time.perf_counter() - t0
     privileged, replies = {}, {}
     for u, (_, tid) in zip(users, ids):

@@ -242,13 +242,16 @@ def run_agent_episodes(
     check_every_turn: bool = False,
     users: Sequence[Any] | None = None,
     step_workers: int = 64,
+    user_round: Callable[[int], Any] | None = None,
 ) -> list[Trajectory]:
     """Roll out one trajectory per ``(row, gym)`` with one batched generation call per round.
 
     The round's gym steps run concurrently on up to ``step_workers`` threads (module docstring).
     ``users`` (optional, one per row): the gyms' user sides; after each turn the number of public
     replies ``len(users[i].replies)`` is recorded in :attr:`AgentTurn.user_replies`, which aligns
-    the simulator's reasoning entries with the agent's turns (CSD)."""
+    the simulator's reasoning entries with the agent's turns (CSD). ``user_round`` (optional): the
+    in-process user server's :meth:`~mimesis_lab.rollout.serve.ModelServer.round`; each round's gym
+    steps are announced to it, so their user turns are generated in one call however they arrive."""
     if step_workers < 1:
         raise ValueError(f"step_workers must be >= 1, got {step_workers}")
     t0 = time.perf_counter()
@@ -328,9 +331,12 @@ def run_agent_episodes(
                     turn.choice, turn.content = parsed
                     stepping.append((i, turn, g))
             # every gym step of the round at once: the user turns they ask for reach the user side together
-            outcomes = run_concurrently(
-                pool, [lambda gym=gyms[i], t=turn: gym.step(t.choice, t.content) for i, turn, _ in stepping],
-                step_timeout_s)
+            calls = [lambda gym=gyms[i], t=turn: gym.step(t.choice, t.content) for i, turn, _ in stepping]
+            if user_round is not None and calls:
+                with user_round(len(calls)) as announced:
+                    outcomes = run_concurrently(pool, [announced.wrap(c) for c in calls], step_timeout_s)
+            else:
+                outcomes = run_concurrently(pool, calls, step_timeout_s)
             for (i, turn, g), (result, exc) in zip(stepping, outcomes):
                 tr, gym = trajs[i], gyms[i]
                 if users is not None:

@@ -25,7 +25,16 @@ being read (a burst of requests is taken whole, however its arrivals spread), or
 ``max_batch_wait_ms`` after the first; then it generates them with one
 :meth:`TransformersBackend.generate_ids` call per group of identical sampling settings
 (``max_tokens``, ``temperature``, ``top_p``, ``stop_token_ids``). Requests that arrive while a
-batch runs are queued for the next one. Each request samples with its own ``seed``
+batch runs are queued for the next one.
+
+**Rounds.** A caller that knows a burst is coming says so: ``with server.round(n) as r:`` announces
+``n`` concurrent steps (an agent rollout's gym steps of one round, each of which may ask the user once
+or more, or not at all), and each step runs as ``r.wrap(step)``. While a round is open, a batch waits
+until every step of it that is still running has its request queued (a step that finishes without one
+leaves the count), for at most ``round_wait_ms`` after the first request, instead of the arrival
+windows: a round's user turns reach one generation call however their arrivals spread, and a lone
+request of a round (a format resample after the others finished) is generated at once, without
+waiting out a window. Each request samples with its own ``seed``
 (passed per row, not ``seed + row``), so a seeded or greedy request gets the same tokens
 whichever requests shared its batch, up to the floating-point noise of left padding (tested:
 greedy and seeded results batched == alone); a request without ``seed`` draws from the global
@@ -56,13 +65,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 from mimesis_lab.envs.output_format import END_TOKENS
 from mimesis_lab.rollout.backends import Generation, SamplingParams, TransformersBackend, _render_chat
 
-__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "MAX_JSON_DEPTH", "BATCH_WAIT_MS",
-           "MAX_BATCH_WAIT_MS", "main"]
+__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "UserRound", "MAX_JSON_DEPTH",
+           "BATCH_WAIT_MS", "MAX_BATCH_WAIT_MS", "ROUND_WAIT_MS", "main"]
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -74,6 +83,9 @@ MAX_JSON_DEPTH = 64            # request JSON nested deeper than this is refused
 #: with 20/100, so the default stays 5/50 (README, benchmarks).
 BATCH_WAIT_MS = 5.0
 MAX_BATCH_WAIT_MS = 50.0
+#: The most a batch waits for the missing requests of an announced round (:meth:`ModelServer.round`), ms:
+#: bounds the cost of a round's step that is slow to ask (or never finishes).
+ROUND_WAIT_MS = 500.0
 
 
 # ----------------------------------------------------------------------------- shared HTTP plumbing
@@ -439,6 +451,7 @@ class _Request:
 
     ids: list[int]
     params: SamplingParams
+    group: str | None = None     # requests of one step sent together (``X-Request-Group``) count once in a round
     done: threading.Event = field(default_factory=threading.Event)
     gen: Generation | None = None
     error: str | None = None
@@ -449,6 +462,42 @@ class _Request:
         p = self.params
         stop = None if p.stop_token_ids is None else tuple(p.stop_token_ids)
         return (p.max_new_tokens, p.temperature, p.top_p, stop)
+
+
+class UserRound:
+    """``n`` concurrent steps announced to a :class:`ModelServer` (:meth:`ModelServer.round`): while it is
+    open the server batches until each running step's request is queued. ``wrap(fn)`` marks a step done
+    when ``fn`` returns or raises; leaving the ``with`` block releases the steps not yet done."""
+
+    def __init__(self, server: "ModelServer", n: int):
+        if n < 0:
+            raise ValueError(f"a round has n >= 0 steps, got {n}")
+        self._server, self._left, self._lock = server, n, threading.Lock()
+
+    def __enter__(self) -> "UserRound":
+        self._server._round_steps(+self._left)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            left, self._left = self._left, 0
+        self._server._round_steps(-left)
+
+    def done(self) -> None:
+        """One step of the round finished (at most ``n`` times; later calls do nothing)."""
+        with self._lock:
+            if self._left == 0:
+                return
+            self._left -= 1
+        self._server._round_steps(-1)
+
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def step():
+            try:
+                return fn()
+            finally:
+                self.done()
+        return step
 
 
 _STOP = object()      # the generation thread's stop sentinel
@@ -472,7 +521,8 @@ class ModelServer(BackgroundHTTPServer):
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, model_name: str = "local",
                  max_tokens_cap: int = 4096, max_batch: int = 32, batch_wait_ms: float = BATCH_WAIT_MS,
-                 max_batch_wait_ms: float = MAX_BATCH_WAIT_MS, prefix_cache_tokens: int = 0, **http_kw):
+                 max_batch_wait_ms: float = MAX_BATCH_WAIT_MS, prefix_cache_tokens: int = 0,
+                 round_wait_ms: float = ROUND_WAIT_MS, **http_kw):
         super().__init__(host, port, **http_kw)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -484,6 +534,10 @@ class ModelServer(BackgroundHTTPServer):
         self.model_name = model_name
         self.max_tokens_cap = max_tokens_cap
         self.max_batch, self.batch_wait_s, self.max_wait_s = max_batch, batch_wait_ms / 1e3, max_batch_wait_ms / 1e3
+        if round_wait_ms < 0:
+            raise ValueError(f"need round_wait_ms >= 0, got {round_wait_ms}")
+        self.round_wait_s = round_wait_ms / 1e3
+        self._round_running = 0               # steps of open rounds (:meth:`round`) not yet done
         self._arriving = 0                    # generation requests being read/tokenised, not yet queued
         self._local = threading.local()
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
@@ -491,7 +545,8 @@ class ModelServer(BackgroundHTTPServer):
         self._tok_lock = threading.Lock()     # one tokeniser, many handler threads
         self._stats_lock = threading.Lock()
         self._stats = {"requests": 0, "bad_requests": 0, "generation_errors": 0, "completion_tokens": 0,
-                       "batches": 0, "batched_requests": 0, "max_batch_seen": 0}
+                       "batches": 0, "batched_requests": 0, "max_batch_seen": 0, "round_batches": 0,
+                       "round_wait_capped": 0}
         ends = set(END_TOKENS)
         for tok in (getattr(tokenizer, "eos_token", None), getattr(tokenizer, "pad_token", None)):
             if isinstance(tok, str) and tok:
@@ -534,6 +589,15 @@ class ModelServer(BackgroundHTTPServer):
                 item.done.set()
         super().stop()
 
+    # -- rounds: announced bursts
+    def round(self, n: int) -> UserRound:
+        """Announce ``n`` concurrent steps that may each send requests (module docstring, *Rounds*)."""
+        return UserRound(self, n)
+
+    def _round_steps(self, delta: int) -> None:
+        with self._stats_lock:
+            self._round_running = max(0, self._round_running + delta)
+
     # -- the micro-batching queue
     def _arrival(self, delta: int) -> None:
         """Count this handler thread's request in (+1) or out (-1) of ``_arriving`` (once each)."""
@@ -543,12 +607,12 @@ class ModelServer(BackgroundHTTPServer):
         with self._stats_lock:
             self._arriving += delta
 
-    def _submit(self, ids: list[int], params: SamplingParams) -> Generation:
+    def _submit(self, ids: list[int], params: SamplingParams, group: str | None = None) -> Generation:
         """Queue one prompt and wait for its generation (raises 503 if the server stops first)."""
         self._arrival(-1)
         if self._worker is None or not self._worker.is_alive():
             raise HTTPError(503, "the generation thread is not running", "server_error")
-        req = _Request(ids, params)
+        req = _Request(ids, params, group)
         self._queue.put(req)
         while not req.done.wait(0.5):
             worker = self._worker
@@ -562,26 +626,48 @@ class ModelServer(BackgroundHTTPServer):
 
     def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
         """``first`` plus the requests that keep arriving (module docstring), up to ``max_batch``;
-        ``True`` if the stop sentinel was seen."""
+        ``True`` if the stop sentinel was seen. While a round is open (:meth:`round`) the batch waits for
+        a request from each of its running steps instead, for at most ``round_wait_ms`` (requests with one
+        ``X-Request-Group`` header are one step's: the shim's parallel format resamples)."""
         batch = [first]
+        steps = {first.group or id(first)}
         last = time.monotonic()
         hard = last + self.max_wait_s
+        round_hard = last + self.round_wait_s
+        in_round = False
         while len(batch) < self.max_batch:
             now = time.monotonic()
-            until = last + self.batch_wait_s
-            if until <= now and self._arriving > 0:      # requests being read now are queued next
-                until = now + 0.002
-            left = min(until, hard) - now
+            running = self._round_running
+            if running:
+                in_round = True
+                if len(steps) >= running:
+                    break                                 # every running step of the round is queued
+                if now >= round_hard:
+                    self._count("round_wait_capped")
+                    break
+                left = min(0.002, round_hard - now)       # poll: a step may finish without a request
+            else:
+                if in_round:          # the round closed while gathering: take what is queued, then go
+                    hard = min(hard, now)
+                until = last + self.batch_wait_s
+                if until <= now and self._arriving > 0:      # requests being read now are queued next
+                    until = now + 0.002
+                left = min(until, hard) - now
             try:    # past the window, still take whatever is already queued
                 item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
+                if running:
+                    continue
                 if self._arriving > 0 and time.monotonic() < hard:
                     continue
                 break
             if item is _STOP:
                 return batch, True
             batch.append(item)
+            steps.add(item.group or id(item))
             last = time.monotonic()
+        if in_round:
+            self._count("round_batches")
         return batch, False
 
     def _generation_loop(self) -> None:
@@ -631,9 +717,10 @@ class ModelServer(BackgroundHTTPServer):
                     raise HTTPError(400, "request body must be a JSON object")
                 if body.get("stream"):
                     raise HTTPError(400, "stream=true is not supported")
+                group = handler.headers.get("X-Request-Group") or None
                 if path.endswith("chat/completions"):
-                    return 200, self._chat(body)
-                return 200, self._completion(body)
+                    return 200, self._chat(body, group)
+                return 200, self._completion(body, group)
             except HTTPError as e:
                 self._count("bad_requests" if e.status < 500 else "generation_errors")
                 raise
@@ -702,20 +789,20 @@ class ModelServer(BackgroundHTTPServer):
                 "object": kind, "created": int(time.time()), "model": self.model_name, "choices": [choice],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
-    def _chat(self, body: dict) -> dict:
+    def _chat(self, body: dict, group: str | None = None) -> dict:
         messages, params, stops = _messages(body), self._sampling(body), self._stops(body)
         try:
             with self._tok_lock:
                 ids = _render_chat(self.tokenizer, messages)
         except Exception as e:
             raise HTTPError(400, f"chat template failed: {type(e).__name__}: {e}") from None
-        gen = self._submit(ids, params)
+        gen = self._submit(ids, params, group)
         text, finish, logprobs = self._finish(gen, body, stops)
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                   "logprobs": {"content": logprobs} if logprobs is not None else None}
         return self._envelope("chat.completion", choice, gen)
 
-    def _completion(self, body: dict) -> dict:
+    def _completion(self, body: dict, group: str | None = None) -> dict:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = [int(t) for t in prompt]
@@ -729,7 +816,7 @@ class ModelServer(BackgroundHTTPServer):
         if max(ids) >= len(self.tokenizer) or min(ids) < 0:
             raise HTTPError(400, "'prompt' holds token ids outside the vocabulary")
         params, stops = self._sampling(body), self._stops(body)
-        gen = self._submit(ids, params)
+        gen = self._submit(ids, params, group)
         text, finish, logprobs = self._finish(gen, body, stops)
         lp = None
         if logprobs is not None:

@@ -34,7 +34,11 @@ with the reasoning stored — the caller decides what an empty user reply means.
 ``format_retries=N`` a malformed reply is first resampled up to N times (the request's ``seed`` + k;
 nothing is stored for a discarded sample), counted in ``format_resamples`` and, when a resample is
 well-formed, ``format_recovered``: a small simulator's occasional unclosed think block then does not end
-the agent's episode.
+the agent's episode. With ``format_resample_batch=B`` > 1 the resamples are sent B at a time, concurrently
+(seeds + k … + k + B - 1, one ``X-Request-Group`` header, so a micro-batching upstream generates them in
+one call), and the first well-formed one in seed order is kept: the same answer, counters and errors as
+one at a time (a failure of a resample after the kept one is ignored, as it would never have been sent),
+in fewer upstream round trips; the samples drawn but not needed are counted in ``format_speculative``.
 
 **Isolation.** A buffer is addressed only by its own id (``[A-Za-z0-9_.:-]{1,128}``, else
 400); there is no route that lists ids or reads another episode; :meth:`stats` holds counts only.
@@ -99,6 +103,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,7 +204,8 @@ class PrivilegedShim(BackgroundHTTPServer):
     def __init__(self, upstream_base_url: str, host: str = "127.0.0.1", port: int = 0, max_episodes: int = 1024,
                  timeout_s: float = 60, max_turns: int = 512, max_reasoning_chars: int = 65536,
                  idle_evict_s: float = 0.0, max_connections: int = 256, token: str | None = None,
-                 max_inbound: int | None = None, body_timeout_s: float = 30.0, format_retries: int = 0):
+                 max_inbound: int | None = None, body_timeout_s: float = 30.0, format_retries: int = 0,
+                 format_resample_batch: int = 1):
         super().__init__(host, port, body_timeout_s=body_timeout_s,
                          max_connections=max_inbound if max_inbound is not None else max(1024, max_episodes + 256))
         self.token = token or secrets.token_urlsafe(32)      # the privileged routes' bearer token
@@ -210,7 +216,10 @@ class PrivilegedShim(BackgroundHTTPServer):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if format_retries < 0:
             raise ValueError(f"format_retries must be >= 0, got {format_retries}")
-        self.format_retries = format_retries
+        if format_resample_batch < 1:
+            raise ValueError(f"format_resample_batch must be >= 1, got {format_resample_batch}")
+        self.format_retries, self.format_resample_batch = format_retries, format_resample_batch
+        self._resampler: ThreadPoolExecutor | None = None     # the concurrent resamples (created on first use)
         self.upstream = upstream_base_url.rstrip("/")
         self.max_episodes, self.max_turns = max_episodes, max_turns
         self.max_reasoning_chars, self.idle_evict_s = max_reasoning_chars, idle_evict_s
@@ -225,7 +234,7 @@ class PrivilegedShim(BackgroundHTTPServer):
         self._stats = dict.fromkeys(("requests", "turns", "upstream_errors", "bad_requests", "evictions",
                                      "rejected_busy", "rejected_gone", "format_failures", "truncated",
                                      "rolled_back", "deleted", "unauthorized", "format_resamples",
-                                     "format_recovered"), 0)
+                                     "format_recovered", "format_speculative"), 0)
 
     # -- public API
     @property
@@ -272,6 +281,9 @@ class PrivilegedShim(BackgroundHTTPServer):
 
     def stop(self) -> None:
         super().stop()
+        if self._resampler is not None:
+            self._resampler.shutdown(wait=True)
+            self._resampler = None
         self._client.close()
 
     # -- internals
@@ -339,9 +351,11 @@ class PrivilegedShim(BackgroundHTTPServer):
             ep.inflight -= 1
             ep.last_used = time.monotonic()
 
-    def _forward(self, handler, body: dict) -> dict:
+    def _forward(self, handler, body: dict, group: str | None = None) -> dict:
         """POST upstream; a 502 :class:`HTTPError` on any failure (nothing is stored then)."""
         headers = {"Content-Type": "application/json"}
+        if group:
+            headers["X-Request-Group"] = group
         auth = handler.headers.get("Authorization")
         if auth and not hmac.compare_digest(auth.partition(" ")[2].strip().encode(), self.token.encode()):
             headers["Authorization"] = auth          # the upstream's key; the shim token never leaves
@@ -369,21 +383,56 @@ class PrivilegedShim(BackgroundHTTPServer):
     def _forward_well_formed(self, handler, body: dict) -> dict:
         """:meth:`_forward`, resampling up to ``format_retries`` times (seed + k, nothing stored in between)
         while choice 0 is not a well-formed ``<think>…</think>utterance``; the last answer is kept either
-        way (a malformed one is then a counted format failure). ``format_resamples`` counts the extra
-        requests, ``format_recovered`` the turns a resample made well-formed."""
-        for k in range(self.format_retries + 1):
-            try:
-                data = self._forward(handler, body if k == 0 else {**body, "seed": int(body.get("seed") or 0) + k})
-            except HTTPError:
-                self._count("upstream_errors")
-                raise
-            well_formed = split_reasoning(data["choices"][0]["message"]["content"])[2]
-            if well_formed or k == self.format_retries:
-                if k:
-                    self._count("format_resamples", k)
-                    self._count("format_recovered", int(well_formed))
-                return data
+        way (a malformed one is then a counted format failure). ``format_resamples`` counts the resamples up
+        to the kept answer, ``format_recovered`` the turns a resample made well-formed. Resamples go
+        ``format_resample_batch`` at a time (module docstring); the result does not depend on it."""
+        def forward(k: int, group: str | None = None) -> dict:
+            return self._forward(handler, body if k == 0 else {**body, "seed": int(body.get("seed") or 0) + k}, group)
+
+        def well_formed(data: dict) -> bool:
+            return split_reasoning(data["choices"][0]["message"]["content"])[2]
+
+        try:
+            data = forward(0)
+        except HTTPError:
+            self._count("upstream_errors")
+            raise
+        if well_formed(data) or self.format_retries == 0:
+            return data
+        k = 1
+        while k <= self.format_retries:
+            wave = list(range(k, min(self.format_retries, k + self.format_resample_batch - 1) + 1))
+            if len(wave) == 1:
+                outcomes = [self._attempt(forward, wave[0], None)]
+            else:
+                group = secrets.token_hex(8)
+                outcomes = list(self._resample_pool().map(lambda j: self._attempt(forward, j, group), wave))
+            for i, (j, (data, err)) in enumerate(zip(wave, outcomes)):
+                if err is not None:        # sent in this order one at a time, this error would have ended it
+                    self._count("upstream_errors")
+                    self._count("format_speculative", i)
+                    raise err
+                ok = well_formed(data)
+                if ok or j == self.format_retries:
+                    self._count("format_resamples", j)
+                    self._count("format_recovered", int(ok))
+                    self._count("format_speculative", len(wave) - 1 - i)
+                    return data
+            k = wave[-1] + 1
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _attempt(forward, k: int, group: str | None) -> tuple[dict | None, HTTPError | None]:
+        try:
+            return forward(k, group), None
+        except HTTPError as e:
+            return None, e
+
+    def _resample_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._resampler is None:
+                self._resampler = ThreadPoolExecutor(max_workers=64, thread_name_prefix="shim-resample")
+            return self._resampler
 
     def _scrub(self, data: dict) -> str:
         """Replace every choice's content by its public utterance; return choice 0's reasoning."""
