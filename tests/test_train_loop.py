@@ -623,11 +623,13 @@ def test_a_prestarted_job_applies_its_late_environment_and_a_cancelled_one_never
                    "    return 3 if argv == ['--fail'] else 0\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "GONE": "1"}
     cmd = [sys.executable, "-m", "mimesis_lab.train.prestart", "fake_job", "--x"]
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)    # as prestart starts it: cancel may signal its group
     job = PendingJob(proc, cmd, env, ("k",))
     job.go({**{k: v for k, v in env.items() if k != "GONE"}, "LATE": "yes"})
     assert proc.stdout.read().strip().splitlines()[-1] == "ran ['--x'] yes None" and proc.wait() == 0
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)    # as prestart starts it: cancel may signal its group
     PendingJob(proc, cmd, env, ("k",)).cancel()
     assert proc.returncode == 0 and proc.stdout.closed
     os.environ.pop("MIMESIS_JOB_PRESTART", None)
@@ -671,3 +673,25 @@ def test_corrupt_or_foreign_checkpoint_is_a_clear_error(run_a, project: Project)
     assert "ResumeError" in err.value.tail and str(optim) in err.value.tail
     assert "training job failed" in str(err.value)
     assert not (project.out("c") / "final").exists()
+
+
+def test_kill_job_never_signals_the_callers_process_group():
+    """A child that shares our process group (not started with ``start_new_session``) is signalled alone:
+    ``killpg`` on its group would kill this test run with it (it once did: a prestart cancelled under load
+    took CI's ``make test`` down with SIGTERM). A reaped child is not signalled (its pid may be reused)."""
+    from mimesis_lab.train.launch import kill_job
+
+    beside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert os.getpgid(child.pid) == os.getpgrp()
+        kill_job(child, grace_s=5)
+        assert child.returncode == -signal.SIGTERM
+        assert beside.poll() is None          # the rest of our group is untouched (and so is this process)
+        kill_job(child)                       # reaped: nothing is signalled, nothing raised
+    finally:
+        beside.kill()
+        beside.wait()
+    own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    kill_job(own, grace_s=5)
+    assert own.returncode == -signal.SIGTERM

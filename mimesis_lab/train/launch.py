@@ -142,14 +142,25 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 
 
 def kill_job(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the job's process group, SIGKILL it after ``grace_s`` seconds."""
+    """SIGTERM the job's process group, SIGKILL it after ``grace_s`` seconds.
+
+    Only a job that leads its own process group (``start_new_session``, as :func:`launch` and
+    :func:`prestart` start it) is signalled as a group; any other process is signalled alone. Signalling
+    the group of a child that shares ours would kill the caller and everything beside it (a test run, its
+    ``make``, the CI shell). A job already reaped is not signalled at all: its pid may be reused."""
+    if proc.poll() is not None:
+        return
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         return
+    own_group = pgid == proc.pid and pgid != os.getpgrp()
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
-            os.killpg(pgid, sig)
+            if own_group:
+                os.killpg(pgid, sig)
+            else:
+                proc.send_signal(sig)
         except ProcessLookupError:
             return
         try:
