@@ -205,31 +205,36 @@ def test_stop_answers_queued_requests(model, tok):
     assert all(c in (200, 503, "closed") for c in codes), codes   # every waiter got an answer, none hung
 
 
+def _round_through_shim(srv, tok, name: str, n: int = 6, **rollout_kw):
+    """One round of ``n`` guessing episodes whose gyms ask their user (EndpointUser → a shim on ``srv``):
+    ``(trajectories, server stats before, after, shim stats)``."""
+    from mimesis_lab.rollout.agent_rollout import run_agent_episodes
+    from tests.test_agent_rollout import ROW, Guess, Scripted
+
+    shim = PrivilegedShim(srv.url, timeout_s=60).start()
+    users = [EndpointUser(shim.url, "tiny", episode=f"{name}-{i}", timeout_s=60 + SHIM_MARGIN_S, max_retries=0,
+                          sampling=SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)) for i in range(n)]
+    try:
+        before = srv.stats()
+        out = run_agent_episodes([ROW] * n, [Guess({}, user=u) for u in users], [("g", f"{name}-{i}") for i in range(n)],
+                                 Scripted(tok, ["[action] is it red?"] * n + ["[answer] blue"] * n), tok,
+                                 SamplingParams(max_new_tokens=8), users=users, **rollout_kw)
+        return out, before, srv.stats(), shim.stats()
+    finally:
+        for u in users:
+            u.close()
+        shim.stop()
+
+
 def test_a_rounds_user_turns_reach_the_server_together(server, tok):
     """End to end: ``run_agent_episodes`` steps a round's gyms concurrently, each gym asks its user
     (EndpointUser → the shim, one episode URL each → this server), and the server generates the
     round's user turns in fewer calls than turns — the shim does not serialise episodes."""
-    from mimesis_lab.rollout.agent_rollout import run_agent_episodes
-    from tests.test_agent_rollout import ROW, Guess, Scripted
-
-    shim = PrivilegedShim(server.url, timeout_s=60).start()
-    try:
-        n = 6
-        users = [EndpointUser(shim.url, "tiny", episode=f"round-{i}", timeout_s=60 + SHIM_MARGIN_S, max_retries=0,
-                              sampling=SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
-                 for i in range(n)]
-        before = server.stats()
-        out = run_agent_episodes([ROW] * n, [Guess({}, user=u) for u in users], [("g", f"round-{i}") for i in range(n)],
-                                 Scripted(tok, ["[action] is it red?"] * n + ["[answer] blue"] * n), tok,
-                                 SamplingParams(max_new_tokens=8), users=users)
-        after = server.stats()
-        assert after["requests"] - before["requests"] == n and shim.stats()["requests"] == n
-        assert after["batches"] - before["batches"] < n, (before, after)
-        assert all(t.invalid in (None, "user_error") for t in out)    # a random model may reply only reasoning
-        for u in users:
-            u.close()
-    finally:
-        shim.stop()
+    n = 6
+    out, before, after, shim_stats = _round_through_shim(server, tok, "round", n)
+    assert after["requests"] - before["requests"] == n and shim_stats["requests"] == n
+    assert after["batches"] - before["batches"] < n, (before, after)
+    assert all(t.invalid in (None, "user_error") for t in out)    # a random model may reply only reasoning
 
 
 def _post_later(url: str, body: dict, delay_s: float) -> dict:
@@ -312,28 +317,14 @@ def test_a_round_step_that_never_asks_costs_at_most_the_rounds_cap(model, tok):
 def test_agent_rollout_announces_its_rounds(model, tok):
     """``run_agent_episodes(user_round=server.round)``: a round's user turns are one call even with no
     arrival window (the path of the agent jobs and agent_eval)."""
-    from mimesis_lab.rollout.agent_rollout import run_agent_episodes
-    from tests.test_agent_rollout import ROW, Guess, Scripted
-
     srv = ModelServer(model, tok, max_batch=8, batch_wait_ms=0, max_batch_wait_ms=0, round_wait_ms=5000).start()
-    shim = PrivilegedShim(srv.url, timeout_s=60).start()
     try:
         n = 6
-        users = [EndpointUser(shim.url, "tiny", episode=f"ann-{i}", timeout_s=60 + SHIM_MARGIN_S, max_retries=0,
-                              sampling=SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
-                 for i in range(n)]
-        before = srv.stats()
-        run_agent_episodes([ROW] * n, [Guess({}, user=u) for u in users], [("g", f"ann-{i}") for i in range(n)],
-                           Scripted(tok, ["[action] is it red?"] * n + ["[answer] blue"] * n), tok,
-                           SamplingParams(max_new_tokens=8), users=users, user_round=srv.round)
-        after = srv.stats()
+        _, before, after, _ = _round_through_shim(srv, tok, "ann", n, user_round=srv.round)
         assert after["requests"] - before["requests"] == n
         assert after["batches"] - before["batches"] == 1, (before, after)
         assert srv._round_running == 0
-        for u in users:
-            u.close()
     finally:
-        shim.stop()
         srv.stop()
 
 

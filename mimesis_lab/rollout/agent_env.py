@@ -117,7 +117,8 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
     ``(seed, step)``), rank ``k`` taking groups ``k, k+W, …``, ``rollouts_per_prompt`` episodes each.
     ``before_rollout()`` runs after the gyms are built and before generation (e.g. refreshing a
     vLLM engine's weights). ``user_server``: the in-process simulator server of :func:`start_user_side`
-    (or None); each round's user turns are announced to it (:meth:`ModelServer.round`). Raises :class:`PrivacyError` if any reasoning reached an agent input.
+    (or None); each round's user turns are announced to it (:meth:`ModelServer.round`). Raises
+    :class:`PrivacyError` if any reasoning reached an agent input.
     """
     from mimesis_lab.envs.gyms.registry import gym_for_row
     from mimesis_lab.rollout.agent_rollout import run_agent_episodes
