@@ -469,17 +469,17 @@ class PrivilegedShim(BackgroundHTTPServer):
                     raise HTTPError(409, f"episode {episode} reached max_turns={self.max_turns}", "too_many_turns")
                 data = self._forward_well_formed(handler, body)
                 reasoning = self._scrub(data)
-                with self._lock:
-                    ep.reasoning.append(reasoning)
+                with self._lock:                          # counted before the reply: a client that reads
+                    ep.reasoning.append(reasoning)        # stats after its answer sees its turn
+                    self._stats["turns"] += 1
                 try:
                     handler.send_json(200, data)
                 except OSError:                           # the client never got this turn
                     with self._lock:
                         ep.reasoning.pop()
+                        self._stats["turns"] -= 1
+                        self._stats["rolled_back"] += 1
                     handler.close_connection = True
-                    self._count("rolled_back")
-                    return
-                self._count("turns")
         finally:
             self._release(ep)
 
