@@ -270,6 +270,16 @@ class ModelParams(Section):
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
     tie_word_embeddings: bool = Field(True, description="Share input and output embeddings.")
     seed: int = Field(1234, description="Seed of the random initialisation.")
+    induction_warmup_steps: int = Field(
+        0, ge=0, description="`tiny` only: optimizer steps of the induction warm-up run on the fresh model before any "
+        "data (random-token spans repeated after a random gap; loss on the repeat), which gives it in-context "
+        "copying (induction heads) as pretraining gives a real checkpoint; 0 = off. "
+        "See mimesis_lab.models.induction_warmup.")
+    induction_warmup_lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the induction warm-up.")
+    induction_warmup_batch: int = Field(32, gt=0, description="Sequences per induction warm-up step.")
+    induction_warmup_max_gap: int = Field(
+        32, ge=0, description="Largest number of random tokens between a span and its repeat in the induction "
+        "warm-up (the gap is drawn per step in [0, max_gap]).")
 
     @model_validator(mode="after")
     def _pretrained_needs_path(self) -> "ModelParams":

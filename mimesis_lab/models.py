@@ -29,6 +29,9 @@ __all__ = [
     "build_tiny_model",
     "load_model",
     "build_or_load",
+    "induction_warmup",
+    "induction_batch",
+    "induction_loss",
     "disable_dropout",
     "assert_no_dropout",
     "save_hf",
@@ -93,6 +96,71 @@ def build_tiny_model(
         model.generation_config.eos_token_id = eos_token_id
         model.generation_config.bos_token_id = bos_token_id
     return disable_dropout(model)
+
+
+def induction_batch(g: torch.Generator, vocab: int, batch: int, *, min_span: int = 8, max_span: int = 40,
+                    max_gap: int = 32, low: int = 100) -> tuple[torch.Tensor, int]:
+    """One batch of the induction task: ``batch`` rows ``x · noise · x`` (span length and gap drawn once per
+    batch from ``g``, token ids from ``[low, vocab)``) and the position of the repeat's first token."""
+    s = int(torch.randint(min_span, max_span + 1, (1,), generator=g))
+    gap = int(torch.randint(0, max_gap + 1, (1,), generator=g))
+    x = torch.randint(low, vocab, (batch, s), generator=g)
+    noise = torch.randint(low, vocab, (batch, gap), generator=g)
+    return torch.cat([x, noise, x], dim=1), s + gap
+
+
+def induction_loss(model, seq: torch.Tensor, start: int) -> torch.Tensor:
+    """Mean next-token cross-entropy on the repeat of :func:`induction_batch` after its first token (the only
+    tokens that copying predicts)."""
+    logits = model(input_ids=seq).logits
+    vocab = logits.shape[-1]
+    return nn.functional.cross_entropy(logits[:, start:-1].reshape(-1, vocab).float(), seq[:, start + 1:].reshape(-1))
+
+
+def induction_warmup(model, *, steps: int, lr: float = 3e-3, batch: int = 32, min_span: int = 8,
+                     max_span: int = 40, max_gap: int = 32, low: int | None = None, seed: int = 0) -> dict[str, float]:
+    """Give a randomly initialised causal LM in-context copying (induction heads) before it sees any data.
+
+    Each step draws ``batch`` sequences ``x · noise · x``: ``x`` is a span of ``s`` random token ids from
+    ``[low, vocab)`` (``low`` defaults to ``min(100, vocab // 4)``, past the special tokens; ``s`` uniform in ``[min_span, max_span]``), ``noise`` ``g`` random ids (``g`` uniform in
+    ``[0, max_gap]``), both drawn per step. The loss is the next-token cross-entropy on the repeat after its
+    first token, the only part that is predictable and only by looking the current token up earlier in the
+    context and copying its successor: the induction mechanism of Olsson et al. (2022), which a pretrained LM
+    brings and a model built from config lacks (:mod:`mimesis_lab.evals.copy_probe` measures it). Because the
+    span and the gap vary, a fixed relative position cannot solve it; with one fixed offset the model learns
+    that offset, not copying. AdamW (0.9, 0.95), no weight decay, constant ``lr``.
+
+    Measured on the tiny default (2 layers, 128 wide, 4,101 tokens; ``lr`` 3e-3, batch 32, no gap): the probe
+    stays at chance for about 600 steps, then rises through a phase change to 0.96 at 1,000 steps (106 s on
+    2 CPU cores). Trains ``model`` in place (its mode is restored); the RNG is local (``seed``), so the caller's
+    RNG state is untouched and the result is deterministic. Returns ``{"steps", "loss_first", "loss_last"}``.
+    """
+    if steps < 1 or batch < 1 or not 2 <= min_span <= max_span or max_gap < 0:
+        raise ValueError(f"induction_warmup needs steps, batch >= 1, 2 <= min_span <= max_span, max_gap >= 0 "
+                         f"(got steps={steps}, batch={batch}, span=[{min_span}, {max_span}], max_gap={max_gap})")
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    low = min(100, vocab // 4) if low is None else low
+    if not 0 <= low < vocab - 1:
+        raise ValueError(f"low={low} leaves no token ids below the vocabulary size {vocab}")
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(int(seed) + 7919)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    was_training = model.training
+    model.train()
+    losses: list[float] = []
+    try:
+        for _ in range(steps):
+            seq, start = induction_batch(g, vocab, batch, min_span=min_span, max_span=max_span, max_gap=max_gap,
+                                         low=low)
+            loss = induction_loss(model, seq.to(device), start)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    return {"steps": steps, "loss_first": losses[0], "loss_last": float(sum(losses[-20:]) / len(losses[-20:]))}
 
 
 def _check_folder(path: Path) -> None:
@@ -162,7 +230,12 @@ def build_or_load(cfg: Any, tokenizer, attn_implementation: str = "sdpa"):
     if cfg.init == "tiny":
         if eos is None:
             raise ValueError("the tokenizer has no eos token; the tiny model needs one")
-        return build_tiny_model(cfg, len(tokenizer), pad, eos, tokenizer.bos_token_id, attn_implementation)
+        model = build_tiny_model(cfg, len(tokenizer), pad, eos, tokenizer.bos_token_id, attn_implementation)
+        steps = int(getattr(cfg, "induction_warmup_steps", 0) or 0)
+        if steps > 0:
+            induction_warmup(model, steps=steps, lr=cfg.induction_warmup_lr, batch=cfg.induction_warmup_batch,
+                             max_gap=cfg.induction_warmup_max_gap, seed=cfg.seed)
+        return model
     if cfg.init == "pretrained":
         if not cfg.pretrained_path:
             raise ModelLoadError("model.init = pretrained needs model.pretrained_path")

@@ -15,6 +15,7 @@ from mimesis_lab.models import (
     build_or_load,
     build_tiny_model,
     disable_dropout,
+    induction_warmup,
     load_model,
     save_hf,
 )
@@ -200,3 +201,56 @@ def test_build_or_load(saved):
 def test_saved_config_is_plain_json(saved):
     cfg = json.loads((saved / "config.json").read_text())
     assert cfg["model_type"] == "qwen3" and cfg["attention_dropout"] == 0.0
+
+
+# ----------------------------------------------------------------------------- induction warm-up
+COPY = ModelParams(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=16, max_position_embeddings=256, seed=0)
+
+
+def test_induction_warmup_goes_below_the_entropy_of_its_tokens():
+    """Every token is uniform over the 60 ids, so without looking back no model beats ln 60 = 4.09 nats on the
+    repeat; after 400 steps the warm-up loss is below it: the model copies from its context (measured 3.65)."""
+    import math
+
+    model = build_tiny_model(COPY, 64, 0, 1)
+    before = torch.random.get_rng_state()
+    r = induction_warmup(model, steps=400, lr=1e-2, batch=16, min_span=4, max_span=16, max_gap=8, low=4)
+    assert torch.equal(torch.random.get_rng_state(), before)        # the caller's RNG is untouched
+    assert r["steps"] == 400 and abs(r["loss_first"] - math.log(60)) < 0.2
+    assert r["loss_last"] < math.log(60) - 0.3, r
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_induction_warmup_is_seeded_and_build_or_load_runs_it():
+    tok = _tokenizer()
+    cfg = SMALL.model_copy(update={"induction_warmup_steps": 3, "induction_warmup_batch": 2})
+    a, b = build_or_load(cfg, tok), build_or_load(cfg, tok)
+    plain = build_or_load(SMALL, tok)
+    sa, sb, sp = a.state_dict(), b.state_dict(), plain.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sp[k]) for k in sa)             # 0 steps (the default): untouched
+    assert all(torch.equal(sp[k], v) for k, v in build_tiny_model(SMALL, len(tok), tok.pad_token_id,
+                                                                   tok.eos_token_id, tok.bos_token_id).state_dict().items())
+
+
+@pytest.mark.parametrize("kw, match", [({"steps": 0}, "steps"), ({"steps": 1, "min_span": 1}, "min_span"),
+                                       ({"steps": 1, "max_gap": -1}, "max_gap"), ({"steps": 1, "low": 99}, "low=99")])
+def test_induction_warmup_rejects_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        induction_warmup(build_tiny_model(SMALL, VOCAB, 0, 1), **kw)
+
+
+@pytest.mark.long
+def test_the_default_induction_warmup_gives_the_tiny_model_copying():
+    """The default profile's recipe (params.yaml `model`) on its model size: the copy probe goes from chance to
+    >= 0.9 (measured 0.98 on 30-token spans, 175 s on 2 cores)."""
+    from mimesis_lab.evals.copy_probe import induction_accuracy
+
+    cfg = load_params(ROOT / "params.yaml").model
+    assert cfg.induction_warmup_steps > 0
+    model = build_tiny_model(cfg, 4101, 0, 1)
+    assert induction_accuracy(model)["acc"] < 0.01
+    induction_warmup(model, steps=cfg.induction_warmup_steps, lr=cfg.induction_warmup_lr,
+                     batch=cfg.induction_warmup_batch, max_gap=cfg.induction_warmup_max_gap, seed=cfg.seed)
+    assert induction_accuracy(model)["acc"] >= 0.9

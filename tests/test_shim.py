@@ -547,6 +547,11 @@ def test_leak_check_sees_every_withheld_span():
     clean = SimpleNamespace(traj_id="e1", ids="user: ok")
     assert privacy_leaks(Tok(), [leaked], {"e1": [reasoning]}) == 1
     assert privacy_leaks(Tok(), [clean], {"e1": [reasoning]}) == 0
+    # a span the user also said aloud is public; one it did not say is still a leak
+    said = SimpleNamespace(traj_id="e1", ids="user: my budget is 80 euros per night, ok?")
+    assert privacy_leaks(Tok(), [said], {"e1": [reasoning]}, {"e1": ["my budget is 80 euros per night, ok?"]}) == 0
+    assert privacy_leaks(Tok(), [leaked], {"e1": [reasoning]}, {"e1": ["cheap please"]}) == 1
+    assert privacy_leaks(Tok(), [said], {"e1": [reasoning]}, {"e2": ["my budget is 80 euros per night, ok?"]}) == 1
 
 
 class _SeedKeyed(BaseHTTPRequestHandler):

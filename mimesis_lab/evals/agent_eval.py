@@ -358,7 +358,8 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
                                        step_timeout_s=cfg.rollout.step_timeout_s, users=users,
                                        user_round=None if side.server is None else side.server.round)
             privileged = {t.traj_id: side.privileged(t.traj_id) for t in trajs}
-            leaks = privacy_leaks(tok, trajs, privileged)
+            said = {t.traj_id: list(getattr(u, "replies", [])) for t, u in zip(trajs, users)}
+            leaks = privacy_leaks(tok, trajs, privileged, said)
             if leaks:
                 raise PrivacyError(f"user {side.name}: simulator reasoning found in {leaks} agent input(s)")
             for it, t, u in zip(live, trajs, users):

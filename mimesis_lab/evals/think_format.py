@@ -99,6 +99,7 @@ def sampled_format_rates(model: Any, tokenizer: Any, conversations: Sequence[Seq
     errors: dict[str, int] = {}
     gen_errors = 0
     examples: list[str] = []
+    failed: list[str] = []
     for i, g in enumerate(gens):
         if not g.ok:
             gen_errors += 1
@@ -108,6 +109,8 @@ def sampled_format_rates(model: Any, tokenizer: Any, conversations: Sequence[Seq
         per[i % len(prompts)][1] += 1
         if not parsed.ok:
             errors[parsed.error or "?"] = errors.get(parsed.error or "?", 0) + 1
+            if len(failed) < 5:
+                failed.append(g.text[:300])
         if len(examples) < 3:
             examples.append(g.text[:200])
     done = sum(p[1] for p in per)
@@ -115,7 +118,7 @@ def sampled_format_rates(model: Any, tokenizer: Any, conversations: Sequence[Seq
     return {"samples": done, "well_formed": ok, "rate": ok / done if done else float("nan"), "prompts": len(prompts),
             "skipped_too_long": skipped, "generation_errors": gen_errors, "error_counts": dict(sorted(errors.items())),
             "per_prompt": per, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
-            "seed": seed, "examples": examples}
+            "seed": seed, "examples": examples, "failed_examples": failed}
 
 
 def evaluate_folder(model_dir: str | Path, val_parquet: str | Path, sampling: Any = None, seed: int = 0,

@@ -79,15 +79,23 @@ def start_user_side(user_cfg: Any, max_episodes: int):
     return server, shim, model
 
 
-def privacy_leaks(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]]) -> int:
+def privacy_leaks(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]],
+                  public: dict[str, list[str]] | None = None) -> int:
     """Trajectories whose agent-visible stream contains a withheld span of their episode: every line
     of every privileged entry (the shim stores each reply's withheld text — the reasoning, and in a
     malformed reply everything before its last ``</think>`` — one span per line) of at least
-    :data:`MIN_LEAK_CHARS` characters."""
+    :data:`MIN_LEAK_CHARS` characters.
+
+    ``public`` (trajectory id -> the user's public replies, as the agent received them): a span that the
+    user also *said* in one of those replies is public, not leaked. A simulator that copies well writes the
+    same sentence in its reasoning and in its utterance ("my stance is 6 because i take the bus every day"),
+    and the agent then legitimately reads it; the leak this check exists for is withheld text that reaches
+    the agent by any other way."""
     leaks = 0
     for t in trajs:
+        said = " \n ".join((public or {}).get(t.traj_id, []))
         secrets = [line.strip() for s in privileged.get(t.traj_id, []) for line in s.split("\n")
-                   if len(line.strip()) >= MIN_LEAK_CHARS]
+                   if len(line.strip()) >= MIN_LEAK_CHARS and line.strip() not in said]
         if secrets:
             seen = tokenizer.decode(t.ids, skip_special_tokens=False)
             leaks += any(s in seen for s in secrets)
@@ -166,7 +174,7 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
             privileged[tid] = []
         shim.delete(tid)
         u.close()
-    leaks = privacy_leaks(tokenizer, trajs, privileged)
+    leaks = privacy_leaks(tokenizer, trajs, privileged, replies)
     if leaks:
         raise PrivacyError(f"step {step + 1}: simulator reasoning found in {leaks} agent input(s)")
     after = shim.stats()
