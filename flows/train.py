@@ -179,7 +179,7 @@ def train_phase(phase: str, params_path: str, parent_run_id: str | None,
 
         # greedy on the first 150 prompts (one generate call each); sampled on every prompt (batched)
         fmt = evaluate_folder(final, cfg.val, params.sim_rl.rollout if params.sim_rl else None, seed=cfg.seed,
-                              max_prompts=150)
+                              history=cfg.history, max_prompts=150)
         summary.update({f"format_{k}": v for k, v in fmt.items() if k not in ("examples", "sampled")})
         summary["format_examples"] = fmt["examples"]
         summary.update({f"format_sampled_{k}": v for k, v in (fmt.get("sampled") or {}).items()})

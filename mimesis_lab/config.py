@@ -347,6 +347,23 @@ class TrainParams(Section):
     seed: int = Field(1234, description="Data order and dropout seed.")
     output_dir: str = Field(description="Checkpoints (`checkpoints/`) and the final HF folder (`final/`).")
     log_every: int = Field(1, gt=0, description="Log loss/lr/grad-norm/tokens-per-s every N steps.")
+    history: Literal["full", "public"] = Field(
+        "full", description="What each trained turn sees of its own earlier turns. `public`: their public text, "
+        "think blocks removed, as the simulator's history holds them in simulator RL and in the gyms (SPEC §1: "
+        "u(x | c, H) with H the public history); each conversation is one prefix-tree row (the shared history "
+        "encoded once, ~1.1x the tokens). `full`: the conversation verbatim, earlier reasoning included (one "
+        "causal row).")
+    format_unlikelihood: float = Field(
+        0.0, ge=0, description="Weight of a format unlikelihood term (Welleck et al., 2020): -log(1 - p) of "
+        "`</think>` and `<think>` at every target token past the reply's `</think>`, a token sum normalised like "
+        "the CE. It targets the tiny model's main format failure, a second `</think>` after an utterance that "
+        "repeats its reasoning (in-context copying carries the tag along); 0 = off.")
+    induction_rehearsal: float = Field(
+        0.0, ge=0, description="Weight of an induction-task loss (mimesis_lab.models.induction_loss: random spans "
+        "repeated after a gap) added to every optimizer step, so fine-tuning keeps the in-context copying that "
+        "the induction warm-up gave the tiny model (midtrain at lr 5e-3 erases it otherwise); 0 = off.")
+    induction_rehearsal_batch: int = Field(8, gt=0, description="Induction sequences per optimizer step of the "
+                                           "rehearsal (spans 8-40 tokens, gaps 0-32).")
     token_cache: bool = Field(True, description="Keep the tokenised splits in <output_dir>/token_cache (keyed by "
                               "the tokenizer files, the split files and the tokenisation settings; another key is "
                               "rebuilt): a rerun reads them instead of tokenising, and at world size > 1 only rank 0 "

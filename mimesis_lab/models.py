@@ -232,9 +232,16 @@ def build_or_load(cfg: Any, tokenizer, attn_implementation: str = "sdpa"):
             raise ValueError("the tokenizer has no eos token; the tiny model needs one")
         model = build_tiny_model(cfg, len(tokenizer), pad, eos, tokenizer.bos_token_id, attn_implementation)
         steps = int(getattr(cfg, "induction_warmup_steps", 0) or 0)
-        if steps > 0:
-            induction_warmup(model, steps=steps, lr=cfg.induction_warmup_lr, batch=cfg.induction_warmup_batch,
-                             max_gap=cfg.induction_warmup_max_gap, seed=cfg.seed)
+        if steps > 0:   # minutes on CPU: say so, and how it went (a user would otherwise see a silent job)
+            import sys
+            import time
+
+            t0 = time.perf_counter()
+            print(f"induction warm-up of the tiny model: {steps} steps ...", file=sys.stderr, flush=True)
+            res = induction_warmup(model, steps=steps, lr=cfg.induction_warmup_lr, batch=cfg.induction_warmup_batch,
+                                   max_gap=cfg.induction_warmup_max_gap, seed=cfg.seed)
+            print(f"induction warm-up done in {time.perf_counter() - t0:.0f} s: copy-task loss "
+                  f"{res['loss_first']:.3f} -> {res['loss_last']:.3f}", file=sys.stderr, flush=True)
         return model
     if cfg.init == "pretrained":
         if not cfg.pretrained_path:

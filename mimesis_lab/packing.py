@@ -46,6 +46,8 @@ import torch
 __all__ = [
     "IGNORE_INDEX",
     "PackedRow",
+    "tree_example",
+    "tree_positions",
     "fit_examples",
     "pack",
     "pad_rows",
@@ -57,7 +59,7 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
-Example = tuple[Sequence[int], Sequence[int]]
+Example = tuple[Sequence[int], Sequence[int]]   # or (input_ids, loss_mask, parents): a prefix-tree example
 
 
 @dataclass
@@ -74,16 +76,47 @@ class PackedRow:
     position_ids: list[int]
     seq_lens: list[int]
     example_ids: list[int] = field(default_factory=list)
+    #: a prefix-tree row: each token's predecessor in its own sequence (-1: an example's first token);
+    #: ``None``: every example is one causal run (see :func:`tree_example`)
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
 
-def _check_example(i: int, ids: Sequence[int], mask: Sequence[int]) -> None:
+def _check_example(i: int, ids: Sequence[int], mask: Sequence[int], parents: Sequence[int] | None = None) -> None:
     if len(ids) != len(mask):
         raise ValueError(f"example {i}: {len(ids)} input_ids but {len(mask)} loss_mask values")
     if any(m not in (0, 1) for m in mask):
         raise ValueError(f"example {i}: loss_mask must contain only 0/1")
+    if parents is not None and (len(parents) != len(ids) or any(not -1 <= q < j for j, q in enumerate(parents))
+                                or any(mask[j] and parents[j] != j - 1 for j in range(1, len(ids)))):
+        raise ValueError(f"example {i}: parents must name an earlier token (or -1) for each token, and each "
+                         "target's parent must be the token before it")
+
+
+def tree_example(turns: Sequence[tuple[Sequence[int], int]]) -> tuple[list[int], list[int], list[int]]:
+    """Several sequences that share prefixes as one prefix-tree example ``(input_ids, loss_mask, parents)``.
+
+    ``turns`` are ``(ids, start)``: a sequence whose tokens from ``start`` on are targets (one turn given its
+    own context). Each turn follows the tree as far as an earlier turn laid the same tokens down and adds the
+    rest as a new branch (:func:`mimesis_lab.rl.policy.trajectory_row`, which this calls): the same targets,
+    each under exactly its own turn's context, with the shared context encoded once. Example: the public
+    history ``sys u1 x1 a1`` is shared by turn 2 (``sys u1 x1 a1 <think>z2</think>x2``) and turn 1's branch
+    ``sys u1 <think>z1</think>x1``."""
+    from mimesis_lab.rl.policy import UpdateRow, trajectory_row
+
+    rows = []
+    for k, (ids, start) in enumerate(turns):
+        if not 1 <= start < len(ids):
+            raise ValueError(f"turn {k}: target start {start} must lie in 1..{len(ids) - 1}")
+        n = len(ids) - start
+        rows.append(UpdateRow(tuple(ids), tuple(range(start, len(ids))), (0.0,) * n, (0.0,) * n, "", str(k)))
+    tree = trajectory_row(rows)
+    mask = [0] * len(tree.input_ids)
+    for p in tree.positions:
+        mask[p] = 1
+    return list(tree.input_ids), mask, list(tree.parents)
 
 
 def fit_examples(
@@ -106,9 +139,11 @@ def fit_examples(
     stats = dict.fromkeys(
         ("examples_in", "examples_out", "truncated", "dropped_overlong", "dropped_no_target",
          "tokens_in", "tokens_out", "target_tokens_out"), 0)
-    kept: list[tuple[list[int], list[int]]] = []
-    for i, (ids, mask) in enumerate(examples):
-        _check_example(i, ids, mask)
+    kept: list[tuple[list[int], ...]] = []
+    for i, ex in enumerate(examples):
+        ids, mask = ex[0], ex[1]
+        parents = list(ex[2]) if len(ex) > 2 and ex[2] is not None else None
+        _check_example(i, ids, mask, parents)
         stats["examples_in"] += 1
         stats["tokens_in"] += len(ids)
         ids, mask = list(ids), list(mask)
@@ -116,13 +151,15 @@ def fit_examples(
             if overlong == "drop":
                 stats["dropped_overlong"] += 1
                 continue
+            # a tree keeps its first max_len tokens too: every parent precedes its child
             ids, mask = ids[:max_len], mask[:max_len]
+            parents = parents[:max_len] if parents is not None else None
             stats["truncated"] += 1
         n_target = sum(mask[1:])
         if n_target == 0:
             stats["dropped_no_target"] += 1
             continue
-        kept.append((ids, mask))
+        kept.append((ids, mask) if parents is None else (ids, mask, parents))
         stats["examples_out"] += 1
         stats["tokens_out"] += len(ids)
         stats["target_tokens_out"] += n_target
@@ -136,21 +173,42 @@ def _shifted_labels(ids: Sequence[int], mask: Sequence[int]) -> list[int]:
     return out
 
 
+def _parents_of(ex: Example) -> Sequence[int] | None:
+    return ex[2] if len(ex) > 2 else None   # type: ignore[misc]
+
+
+def tree_positions(parents: Sequence[int]) -> list[int]:
+    """Each token's position in its own sequence (its depth in the prefix tree: roots at 0)."""
+    pos: list[int] = []
+    for j, q in enumerate(parents):
+        pos.append(0 if q < 0 else pos[q] + 1)
+    return pos
+
+
 def _make_row(examples: Sequence[Example], members: Sequence[int]) -> PackedRow:
-    row = PackedRow([], [], [], [], [])
+    tree = any(_parents_of(examples[k]) is not None for k in members)
+    row = PackedRow([], [], [], [], [], [] if tree else None)
     for k in members:
-        ids, mask = examples[k]
+        ids, mask = examples[k][0], examples[k][1]
+        start = len(row.input_ids)
         row.input_ids.extend(ids)
-        row.labels.extend(_shifted_labels(ids, mask))
-        row.position_ids.extend(range(len(ids)))
+        row.labels.extend(_shifted_labels(ids, mask))   # a target's parent is the token before it
+        parents = _parents_of(examples[k])
+        if row.parents is not None:
+            own = list(parents) if parents is not None else list(range(-1, len(ids) - 1))
+            row.parents.extend(q + start if q >= 0 else -1 for q in own)
+            row.position_ids.extend(tree_positions(own))
+        else:
+            row.position_ids.extend(range(len(ids)))
         row.seq_lens.append(len(ids))
         row.example_ids.append(k)
     return row
 
 
 def _validate_for_rows(examples: Sequence[Example], max_len: int) -> None:
-    for i, (ids, mask) in enumerate(examples):
-        _check_example(i, ids, mask)
+    for i, ex in enumerate(examples):
+        ids, mask = ex[0], ex[1]
+        _check_example(i, ids, mask, _parents_of(ex))
         if not 0 < len(ids) <= max_len:
             raise ValueError(f"example {i} has {len(ids)} tokens; need 1..{max_len} (run fit_examples first)")
 
@@ -254,6 +312,10 @@ def collate(
         raise ValueError("collate needs at least one row")
     if mask not in ("4d", "position_ids", "padding"):
         raise ValueError(f"mask must be '4d', 'position_ids' or 'padding', got {mask!r}")
+    trees = any(r.parents is not None for r in rows)
+    if trees and mask == "position_ids":
+        raise ValueError("prefix-tree rows need an attention mask: use mask='4d' or 'padding' (a 4D tree mask "
+                         "is then built either way)")
     if mask == "padding" and any(len(r.seq_lens) != 1 for r in rows):
         raise ValueError("mask='padding' needs rows of one example each (packed rows need '4d' or 'position_ids')")
     b = len(rows)
@@ -276,6 +338,16 @@ def collate(
         # every pad is its own segment: with causality it sees only itself
         segment[i, n:] = len(row.seq_lens) + torch.arange(max_len - n)
     out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    if trees and any(r.parents is None and len(r.seq_lens) != 1 for r in rows):
+        raise ValueError("a packed plain row cannot share a micro-batch with prefix-tree rows")
+    if trees:   # a token sees its ancestors and itself; pads only themselves (mimesis_lab.rl.policy)
+        from mimesis_lab.rl.policy import _tree_attention
+
+        _, allowed = _tree_attention(rows, max_len)
+        additive = torch.zeros((b, 1, max_len, max_len), dtype=dtype)
+        additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+        out["attention_mask"] = additive
+        return out
     if mask == "padding":
         out["attention_mask"] = (segment == 0).long()      # one example per row: segment 0 is the example
         out["position_ids"] = torch.arange(max_len).expand(b, -1).clone()

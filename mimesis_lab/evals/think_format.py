@@ -121,11 +121,21 @@ def sampled_format_rates(model: Any, tokenizer: Any, conversations: Sequence[Seq
             "seed": seed, "examples": examples, "failed_examples": failed}
 
 
+def public_histories(conversations: Sequence[Sequence[dict]], role: str = "assistant") -> list[list[dict]]:
+    """The conversations with every ``role`` turn reduced to its public text (think blocks removed): the
+    prompts ``conv[:k]`` are then the histories simulator RL and the gyms show the simulator."""
+    from mimesis_lab.envs.output_format import public_text
+
+    return [[dict(m, content=public_text(m["content"])) if m["role"] == role else dict(m) for m in conv]
+            for conv in conversations]
+
+
 def evaluate_folder(model_dir: str | Path, val_parquet: str | Path, sampling: Any = None, seed: int = 0,
-                    **kw: Any) -> dict[str, Any]:
+                    history: str = "full", **kw: Any) -> dict[str, Any]:
     """:func:`format_rates` (greedy) for a saved HF folder on a split parquet (column ``messages``); with
     ``sampling`` (``params.sim_rl.rollout``: temperature, top_p, max_new_tokens) also
-    :func:`sampled_format_rates`, under ``sampled``."""
+    :func:`sampled_format_rates`, under ``sampled``. ``history="public"``: the prompts hold the simulator's
+    earlier turns as public text (:func:`public_histories`), as it was trained (``sft.history``)."""
     from mimesis_lab.models import load_model
     from mimesis_lab.tokenizer import load_tokenizer
 
@@ -134,6 +144,10 @@ def evaluate_folder(model_dir: str | Path, val_parquet: str | Path, sampling: An
     convs = read_parquet(val_parquet, "validation split", columns=["messages"]).get_column("messages").to_list()
     if not convs:
         raise ValueError(f"{val_parquet}: empty split, nothing to evaluate")
+    if history == "public":
+        convs = public_histories(convs)
+    elif history != "full":
+        raise ValueError(f"history must be 'full' or 'public', got {history!r}")
     out = format_rates(model, tok, convs, **kw)
     if sampling is not None:
         out["sampled"] = sampled_format_rates(model, tok, convs, temperature=sampling.temperature,

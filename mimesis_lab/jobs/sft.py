@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from mimesis_lab.packing import collate, masked_token_ce_sum
+from mimesis_lab.packing import IGNORE_INDEX, collate, masked_token_ce_sum
 from mimesis_lab.progress import Progress
 from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, checkpoint_at, clear_outputs,
                                           drop_checkpoints_after, export_final, final_checkpoint,
@@ -54,15 +54,50 @@ PHASES = ("midtrain", "sft", "agent_sft")
 LONG_ROWS = 8192              # above this max_len, packed attention via position_ids (no O(L^2) mask)
 
 
-def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def after_close_mask(input_ids: torch.Tensor, labels: torch.Tensor, close_id: int) -> torch.Tensor:
+    """``[B, T]`` bool: target positions (label set) at or after a ``close_id`` token of the same run of
+    targets (one turn's reply), i.e. where the reply is past its ``</think>`` and a think tag is wrong."""
+    target = labels != IGNORE_INDEX
+    start = target & ~torch.nn.functional.pad(target, (1, 0))[:, :-1]        # first position of each run
+    run = torch.cumsum(start.long(), dim=1) * target.long()                  # run number, 0 outside runs
+    close = ((input_ids == close_id) & target).long()
+    seen = torch.zeros_like(close)
+    for r in range(1, int(run.max()) + 1 if run.numel() else 1):             # runs per row are few (turns)
+        inside = run == r
+        seen = torch.where(inside, torch.cumsum(close * inside.long(), dim=1), seen)
+    return target & (seen > 0)
+
+
+def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype,
+               unlikely: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum of token cross-entropies over the target tokens, their count)`` of a micro-batch.
-    ``mask_mode="padding"`` (grouped batching) pads only to the longest row of the micro-batch."""
+    ``mask_mode="padding"`` (grouped batching) pads only to the longest row of the micro-batch.
+    ``unlikely`` = ``(close_id, *ids)``: also the format unlikelihood term (Welleck et al., 2020),
+    ``-sum log(1 - p(id))`` over ``ids`` at every target position past the reply's ``close_id``
+    (:func:`after_close_mask`), returned as a third value."""
     width = max(len(r) for r in rows) if mask_mode == "padding" else max_len
     batch = collate(rows, width, pad_id, mask=mask_mode, dtype=dtype)
     labels = batch.pop("labels").to(engine.device)
     batch = {k: v.to(engine.device) for k, v in batch.items()}
     out = engine(**batch, use_cache=False)
-    return masked_token_ce_sum(out.logits, labels)
+    s, c = masked_token_ce_sum(out.logits, labels)
+    if unlikely is None:
+        return s, c
+    where = after_close_mask(batch["input_ids"], labels, unlikely[0])
+    probs = torch.softmax(out.logits[where].float(), dim=-1)[:, list(unlikely[1:])]
+    ul = -torch.log1p(-probs.clamp(max=1 - 1e-6)).sum()
+    return s, c, ul
+
+
+def rehearsal_loss(engine, cfg, step: int, rank: int, vocab: int) -> torch.Tensor:
+    """The induction-task loss of one rehearsal batch (:func:`~mimesis_lab.models.induction_batch`, spans
+    8-40, gaps 0-32, ``cfg.induction_rehearsal_batch`` rows), drawn from a generator seeded by (seed, step,
+    rank) so a resumed run draws the same batches."""
+    from mimesis_lab.models import induction_batch, induction_loss
+
+    g = torch.Generator().manual_seed((cfg.seed + 17) * 1_000_003 + step * 7919 + rank)
+    seq, start = induction_batch(g, vocab, cfg.induction_rehearsal_batch, low=min(100, vocab // 4))
+    return induction_loss(engine, seq.to(engine.device), start)
 
 
 def evaluate(engine, rows, units, micro: int, world: int, rank: int, max_len: int, pad_id: int, mask_mode: str,
@@ -129,6 +164,13 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     model = build_or_load(params.model, tokenizer) if from_scratch else load_model(cfg.init_from)
     clock.lap("model")
     engine, optimizer = make_engine(model, cfg, ds_config)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    unlikely = None
+    if cfg.format_unlikelihood > 0:     # </think> closes the reply's reasoning; after it no think tag is right
+        tags = [tokenizer.convert_tokens_to_ids(t) for t in ("</think>", "<think>")]
+        if any(not isinstance(t, int) or t < 0 or t == tokenizer.unk_token_id for t in tags):
+            raise TrainConfigError(f"{phase}.format_unlikelihood needs <think> and </think> tokens in the tokenizer")
+        unlikely = (tags[0], tags[0], tags[1])
     clock.lap("engine")
     zero_stage = engine.zero_optimization_stage()
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else torch.float32
@@ -215,10 +257,21 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
             t0 = time.perf_counter()
             local = 0.0
             gn = None
-            for k, idx in enumerate(plan.micro_batches(step, rank)):
-                s, _ = forward_ce(engine, [train_rows[i] for u in idx for i in units[u]], cfg.max_len, pad_id,
-                                  mask_mode, dtype)
-                engine.backward(s * (world / n_tgt), scale_wrt_gas=False)
+            ind = None
+            ul_sum = 0.0
+            micro_batches = list(plan.micro_batches(step, rank))
+            for k, idx in enumerate(micro_batches):
+                res = forward_ce(engine, [train_rows[i] for u in idx for i in units[u]], cfg.max_len, pad_id,
+                                 mask_mode, dtype, unlikely)
+                s = res[0]
+                obj = s * (world / n_tgt)
+                if unlikely is not None:       # a token-sum like the CE: the same normalisation
+                    obj = obj + cfg.format_unlikelihood * res[2] * (world / n_tgt)
+                    ul_sum += float(res[2].detach())
+                if cfg.induction_rehearsal > 0 and k == len(micro_batches) - 1:   # once per optimizer step, on its last micro
+                    ind = rehearsal_loss(engine, cfg, step, rank, vocab)
+                    obj = obj + cfg.induction_rehearsal * ind
+                engine.backward(obj, scale_wrt_gas=False)
                 if zero_stage == 0 and k == gas - 1:      # DeepSpeed records no norm without ZeRO
                     gn = float(torch.nn.utils.get_total_norm([p.grad for p in engine.module.parameters()
                                                               if p.grad is not None]))
@@ -240,6 +293,10 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                 rec = {"kind": "train", "step": step, "epoch": plan.epoch_at(step), "loss": loss, "lr": lr,
                        "grad_norm": gn, "tokens": n_tok, "target_tokens": n_tgt, "tokens_per_s": n_tok / dt,
                        "step_time_s": dt}
+                if ind is not None:
+                    rec["induction_loss"] = float(ind.detach())
+                if unlikely is not None:
+                    rec["format_unlikelihood"] = all_reduce([ul_sum])[0] / n_tgt
                 log.write(rec, {"train_loss": loss, "lr": lr, "grad_norm": gn, "tokens_per_s": n_tok / dt,
                                 "step_time_s": dt, "epoch": rec["epoch"]})
                 say(rank, prog.line({"loss": round(loss, 4), "lr": lr, "gn": gn if gn is None else round(gn, 3),

@@ -43,11 +43,13 @@ from mimesis_lab.mixture import expand_mixture
 from mimesis_lab.packing import (IGNORE_INDEX, PackedRow, fit_examples, group_by_length, pack, packing_efficiency,
                                  pad_rows)
 
-__all__ = ["BATCHING", "DataError", "read_conversations", "build_rows", "load_rows", "resolve_batching",
+__all__ = ["BATCHING", "HISTORY", "DataError", "read_conversations", "build_rows", "public_history_examples",
+           "load_rows", "resolve_batching",
            "batch_units", "batch_efficiency", "DataPlan", "target_count", "eval_batches"]
 
 #: The batching modes of the SFT-style phases (``auto`` resolves to one of them per device).
 BATCHING = ("packed", "grouped", "padded")
+HISTORY = ("full", "public")
 
 
 class DataError(ValueError):
@@ -95,6 +97,7 @@ def build_rows(
     overlong: str,
     batching: str,
     source: str = "<conversations>",
+    history: str = "full",
 ) -> tuple[list[PackedRow], dict[str, Any]]:
     """Tokenise, fit and pack (``batching="packed"``) or keep one example per row (``grouped``,
     ``padded``) ``conversations``; returns ``(rows, stats)``.
@@ -103,15 +106,24 @@ def build_rows(
     tokenisation rejects is skipped and counted (``tokenize_errors``, first message in
     ``first_tokenize_error``). ``stats`` also holds :func:`fit_examples`' counts, ``rows``,
     ``packing_efficiency`` (real tokens / (rows × max_len)), ``real_tokens`` and ``target_tokens``.
+
+    ``history="public"``: every ``train_role`` turn is trained given the history as its partner saw it, its
+    own earlier turns with their think blocks removed (:func:`public_history_example`: one prefix-tree
+    example per conversation); ``"full"``: one causal example, earlier turns verbatim.
     """
     if batching not in BATCHING:
         raise ValueError(f"batching must be one of {BATCHING}, got {batching!r} (resolve `auto` first)")
+    if history not in HISTORY:
+        raise ValueError(f"history must be one of {HISTORY}, got {history!r}")
     keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
     unique: dict[tuple, int] = {}
     for k in keys:
         unique.setdefault(k, len(unique))
     uniq_convs = [[{"role": r, "content": c} for r, c in k] for k in unique]
-    results = tokenize_many(tokenizer, uniq_convs, train_role, errors="return")
+    if history == "public":
+        results = public_history_examples(tokenizer, uniq_convs, train_role)
+    else:
+        results = tokenize_many(tokenizer, uniq_convs, train_role, errors="return")
     errors = [r for r in results if isinstance(r, Exception)]
     examples = [results[unique[k]] for k in keys if not isinstance(results[unique[k]], Exception)]
     kept, stats = fit_examples(examples, max_len, overlong)  # type: ignore[arg-type]
@@ -133,6 +145,61 @@ def build_rows(
     return rows, out
 
 
+def public_history_examples(tokenizer: Any, conversations: Sequence[Sequence[dict[str, Any]]],
+                            train_role: str) -> list[Any]:
+    """One prefix-tree example ``(input_ids, loss_mask, parents)`` per conversation (or its ``ValueError``):
+    each ``train_role`` turn ``k`` is the target of the rendering of ``conv[:k]`` with every earlier
+    ``train_role`` turn reduced to its public text (:func:`~mimesis_lab.envs.output_format.public_text`: think
+    blocks removed, as the simulator's history holds them at rollout, SPEC §1 ``u(x | c, H)``) followed by
+    turn ``k`` verbatim, ``<think>…</think>`` included. The turns share their common prefixes
+    (:func:`~mimesis_lab.packing.tree_example`), so the public history is encoded once and each private
+    reasoning only where its own turn reads it: about 1.1x the tokens of the verbatim conversation, where
+    one row per turn costs 3.2x (the default ThoughtTrace split). A turn whose rendering does not extend the
+    previous turn's context is an error of the chat template (reported as the conversation's error)."""
+    from mimesis_lab.envs.output_format import public_text
+    from mimesis_lab.packing import tree_example
+
+    turns_of: list[list[int]] = []
+    flat: list[list[dict[str, Any]]] = []
+    for conv in conversations:
+        idx = []
+        for k, m in enumerate(conv):
+            if m["role"] == train_role:
+                ctx = [dict(x, content=public_text(x["content"])) if x["role"] == train_role else dict(x)
+                       for x in conv[:k]]
+                idx.append(len(flat))
+                flat.append(ctx + [dict(m)])
+        turns_of.append(idx)
+    results = tokenize_many(tokenizer, flat, train_role, errors="return") if flat else []
+    out: list[Any] = []
+    for i, idx in enumerate(turns_of):
+        if not idx:
+            out.append(ValueError(f"conversation {i}: no {train_role} turn to train on"))
+            continue
+        err = next((results[j] for j in idx if isinstance(results[j], Exception)), None)
+        if err is not None:
+            out.append(ValueError(f"conversation {i}: {err}"))
+            continue
+        turns = []
+        for j in idx:
+            ids, mask = results[j]
+            end = max((t for t, v in enumerate(mask) if v), default=-1) + 1   # the last target run: turn k
+            start = end
+            while start > 0 and mask[start - 1]:
+                start -= 1
+            if end == 0 or start == 0:
+                continue                      # nothing to train on in this turn (e.g. empty content)
+            turns.append((list(ids[:end]), start))
+        if not turns:
+            out.append(ValueError(f"conversation {i}: no target token in any {train_role} turn"))
+            continue
+        try:
+            out.append(tree_example(turns))
+        except ValueError as e:
+            out.append(ValueError(f"conversation {i}: {e}"))
+    return out
+
+
 def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool, batching: str,
               table: Any = None) -> tuple[list[PackedRow], dict[str, Any]]:
     """:func:`read_conversations` + :func:`build_rows` with the settings of a ``TrainParams``
@@ -140,7 +207,8 @@ def load_rows(path: str | Path, tokenizer: Any, cfg: Any, *, train: bool, batchi
     :mod:`mimesis_lab.train.token_cache` caches the result."""
     convs = read_conversations(path, expand=train, seed=cfg.seed, table=table)
     return build_rows(tokenizer, convs, train_role=cfg.train_role, max_len=cfg.max_len,
-                      overlong=cfg.overlong, batching=batching, source=str(path))
+                      overlong=cfg.overlong, batching=batching, source=str(path),
+                      history=getattr(cfg, "history", "full"))
 
 
 def resolve_batching(batching: str, device_type: str) -> str:

@@ -44,9 +44,9 @@ __all__ = ["CACHE_DIR", "COLUMNS", "TokenCacheWarning", "CacheMiss", "CacheCorru
            "load_split_rows"]
 
 CACHE_DIR = "token_cache"
-FORMAT = 1                                 # bump when the file layout changes
+FORMAT = 2                                 # bump when the file layout changes (2: parents)
 META_KEY = b"mimesis.token_cache"
-COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "example_ids")
+COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "example_ids", "parents")   # parents: [] = plain
 #: Files of a tokenizer (or model) folder that define the tokenizer; a model's weights and config are not hashed.
 TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                              "added_tokens.json", "chat_template.jinja", "chat_template.json", "vocab.json",
@@ -54,7 +54,7 @@ TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "special
 README = """# Pre-tokenised cache (`mimesis_lab/train/token_cache.py`)
 
 `<split>.parquet`: the token rows of one split (int32 list columns input_ids, labels, position_ids,
-seq_lens, example_ids), keyed (file metadata) by a sha256 of the tokenizer files and chat template, the
+seq_lens, example_ids, parents: empty for a plain row), keyed (file metadata) by a sha256 of the tokenizer files and chat template, the
 split file's bytes, the tokenisation settings (train_role, max_len, overlong, batching, mixture seed)
 and the tokenisation code. A file with another key is rebuilt, a corrupt one is rebuilt with a
 warning. `sft_run.token_cache: false` turns the cache off (this folder stays: a DVC output).
@@ -105,7 +105,8 @@ def row_settings(cfg: Any, *, train: bool, batching: str) -> dict[str, Any]:
     """The settings of a ``TrainParams`` that :func:`~mimesis_lab.train.data.load_rows` reads (``batching``:
     the resolved mode). The seed only matters to the training split (the mixture expansion)."""
     return {"train_role": cfg.train_role, "max_len": cfg.max_len, "overlong": cfg.overlong,
-            "batching": batching, "expand": train, "seed": cfg.seed if train else None}
+            "batching": batching, "expand": train, "seed": cfg.seed if train else None,
+            "history": getattr(cfg, "history", "full")}
 
 
 def cache_key(tokenizer: Any, tokenizer_dir: str | Path | None, data_file: str | Path,
@@ -124,7 +125,7 @@ def cache_key(tokenizer: Any, tokenizer_dir: str | Path | None, data_file: str |
 # ----------------------------------------------------------------------------- the file
 def _flat(rows: list[PackedRow], column: str) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets, values)`` of one list column: int64 offsets from 0, int32 values."""
-    lists = [getattr(r, column) for r in rows]
+    lists = [getattr(r, column) or [] for r in rows]      # a plain row's parents (None) is stored empty
     offsets = np.zeros(len(lists) + 1, dtype=np.int64)
     np.cumsum([len(x) for x in lists], out=offsets[1:])
     values = np.array(list(chain.from_iterable(lists)), dtype=np.int32)
@@ -202,13 +203,16 @@ def read_rows(path: str | Path, key: str) -> tuple[list[PackedRow], dict[str, An
     seq_total = np.add.reduceat(columns["seq_lens"][1], columns["seq_lens"][0][:-1]) if n else np.zeros(0)
     if (n != meta["rows"] or not (lengths["input_ids"] == lengths["labels"]).all()
             or not (lengths["input_ids"] == lengths["position_ids"]).all()
-            or not (lengths["seq_lens"] > 0).all() or not (seq_total == lengths["input_ids"]).all()):
+            or not (lengths["seq_lens"] > 0).all() or not (seq_total == lengths["input_ids"]).all()
+            or not ((lengths["parents"] == 0) | (lengths["parents"] == lengths["input_ids"])).all()):
         raise CacheCorrupt(f"{path}: the token cache's rows are inconsistent (row count or lengths)")
     split = {}
     for c in COLUMNS:
         offsets, values = columns[c][0].tolist(), columns[c][1].tolist()
         split[c] = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
     rows = [PackedRow(*(split[c][i] for c in COLUMNS)) for i in range(n)]
+    for r in rows:
+        r.parents = r.parents or None
     return rows, meta["stats"]
 
 
