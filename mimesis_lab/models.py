@@ -163,6 +163,66 @@ def induction_warmup(model, *, steps: int, lr: float = 3e-3, batch: int = 32, mi
     return {"steps": steps, "loss_first": losses[0], "loss_last": float(sum(losses[-20:]) / len(losses[-20:]))}
 
 
+def warmup_cache_dir() -> Path:
+    """Where warmed-up tiny models are kept: ``$MIMESIS_WARMUP_CACHE``, else ``<project>/.mimesis/warmup_cache``."""
+    import os
+
+    env = os.environ.get("MIMESIS_WARMUP_CACHE")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / ".mimesis" / "warmup_cache"
+
+
+def warmup_key(cfg: Any, build: tuple) -> str:
+    """sha256 of what the warm-up's result depends on: the model section, the build arguments (vocabulary size,
+    special ids, attention), the code of this module and the torch version."""
+    import hashlib
+
+    import transformers
+
+    from mimesis_lab.code_deps import code_identity
+
+    doc = {"model": cfg.model_dump() if hasattr(cfg, "model_dump") else dict(vars(cfg)), "build": list(build),
+           "code": code_identity("mimesis_lab.models"), "torch": torch.__version__,
+           "transformers": transformers.__version__}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _warmed_up(model, cfg: Any, build: tuple) -> None:
+    """Run :func:`induction_warmup` on the fresh ``model`` per ``cfg``, or load its result from the warm-up
+    cache (:func:`warmup_cache_dir`, keyed by :func:`warmup_key`): the same weights, without paying the
+    minutes again in a later phase that builds the same base (sim_eval's `base` simulator) or a rerun.
+    A damaged cache file is recomputed and replaced."""
+    import os
+    import sys
+    import time
+
+    from safetensors.torch import load_model as st_load_model
+    from safetensors.torch import save_model as st_save_model
+
+    path = warmup_cache_dir() / f"{warmup_key(cfg, build)}.safetensors"
+    if path.is_file():
+        try:
+            st_load_model(model, str(path), strict=True)   # tied embeddings: saved once, tied on load
+            print(f"induction warm-up: loaded {path}", file=sys.stderr, flush=True)
+            return
+        except Exception as e:  # noqa: BLE001 - a torn or foreign file: recompute
+            print(f"induction warm-up: {path} unreadable ({type(e).__name__}: {e}); recomputing", file=sys.stderr,
+                  flush=True)
+    steps = int(cfg.induction_warmup_steps)
+    t0 = time.perf_counter()   # minutes on CPU: say so, and how it went (a user would otherwise see a silent job)
+    print(f"induction warm-up of the tiny model: {steps} steps ...", file=sys.stderr, flush=True)
+    res = induction_warmup(model, steps=steps, lr=cfg.induction_warmup_lr, batch=cfg.induction_warmup_batch,
+                           max_gap=cfg.induction_warmup_max_gap, seed=cfg.seed)
+    print(f"induction warm-up done in {time.perf_counter() - t0:.0f} s: copy-task loss "
+          f"{res['loss_first']:.3f} -> {res['loss_last']:.3f}", file=sys.stderr, flush=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        st_save_model(model, str(tmp))
+        os.replace(tmp, path)
+    except OSError as e:   # a read-only project: the warm-up stands, only the cache is skipped
+        print(f"induction warm-up: not cached ({e})", file=sys.stderr, flush=True)
+
+
 def _check_folder(path: Path) -> None:
     if not path.exists():
         raise ModelLoadError(f"{path}: model folder does not exist")
@@ -232,16 +292,8 @@ def build_or_load(cfg: Any, tokenizer, attn_implementation: str = "sdpa"):
             raise ValueError("the tokenizer has no eos token; the tiny model needs one")
         model = build_tiny_model(cfg, len(tokenizer), pad, eos, tokenizer.bos_token_id, attn_implementation)
         steps = int(getattr(cfg, "induction_warmup_steps", 0) or 0)
-        if steps > 0:   # minutes on CPU: say so, and how it went (a user would otherwise see a silent job)
-            import sys
-            import time
-
-            t0 = time.perf_counter()
-            print(f"induction warm-up of the tiny model: {steps} steps ...", file=sys.stderr, flush=True)
-            res = induction_warmup(model, steps=steps, lr=cfg.induction_warmup_lr, batch=cfg.induction_warmup_batch,
-                                   max_gap=cfg.induction_warmup_max_gap, seed=cfg.seed)
-            print(f"induction warm-up done in {time.perf_counter() - t0:.0f} s: copy-task loss "
-                  f"{res['loss_first']:.3f} -> {res['loss_last']:.3f}", file=sys.stderr, flush=True)
+        if steps > 0:
+            _warmed_up(model, cfg, (len(tokenizer), pad, eos, tokenizer.bos_token_id, attn_implementation))
         return model
     if cfg.init == "pretrained":
         if not cfg.pretrained_path:

@@ -222,10 +222,33 @@ def test_induction_warmup_goes_below_the_entropy_of_its_tokens():
     assert model.training and all(p.grad is None for p in model.parameters())
 
 
-def test_induction_warmup_is_seeded_and_build_or_load_runs_it():
+def test_induction_warmup_is_seeded_and_build_or_load_runs_it(tmp_path, monkeypatch, capsys):
+    """build_or_load runs the warm-up once and keeps its result in the warm-up cache: a second build of the same
+    base loads the same weights; another setting is another key; a damaged file is recomputed."""
+    from mimesis_lab.models import warmup_cache_dir
+
+    monkeypatch.setenv("MIMESIS_WARMUP_CACHE", str(tmp_path / "wc"))
+    assert warmup_cache_dir() == tmp_path / "wc"
     tok = _tokenizer()
     cfg = SMALL.model_copy(update={"induction_warmup_steps": 3, "induction_warmup_batch": 2})
-    a, b = build_or_load(cfg, tok), build_or_load(cfg, tok)
+    a = build_or_load(cfg, tok)
+    files = list((tmp_path / "wc").glob("*.safetensors"))
+    assert len(files) == 1 and "done in" in capsys.readouterr().err
+    b = build_or_load(cfg, tok)
+    assert "loaded" in capsys.readouterr().err
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    assert b.get_input_embeddings().weight.data_ptr() == b.get_output_embeddings().weight.data_ptr()   # tied
+    monkeypatch.setenv("MIMESIS_WARMUP_CACHE", str(tmp_path / "fresh"))     # computed again: the same bits
+    c = build_or_load(cfg, tok)
+    assert all(torch.equal(v, c.state_dict()[k]) for k, v in a.state_dict().items())
+    build_or_load(cfg.model_copy(update={"induction_warmup_steps": 4}), tok)
+    assert len(list((tmp_path / "fresh").glob("*.safetensors"))) == 2          # another setting, another key
+    files[0].write_bytes(b"torn")
+    monkeypatch.setenv("MIMESIS_WARMUP_CACHE", str(tmp_path / "wc"))
+    d = build_or_load(cfg, tok)
+    assert "recomputing" in capsys.readouterr().err
+    assert all(torch.equal(v, d.state_dict()[k]) for k, v in a.state_dict().items())
+    assert d.get_input_embeddings().weight.data_ptr() == d.get_output_embeddings().weight.data_ptr()   # still tied
     plain = build_or_load(SMALL, tok)
     sa, sb, sp = a.state_dict(), b.state_dict(), plain.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
