@@ -246,6 +246,9 @@ def test_sim_rl_gain_carries_the_sft_copy_diagnosis_when_it_fails():
     e = out["sim_rl_reward_gain"]
     assert not e["passed"] and e["sft_copy_induction_acc"] == 0.0
     assert "copy accuracy is 0.00" in e["diagnosis"] and "chance 0.0003" in e["diagnosis"]
+    assert "cannot repeat" in e["diagnosis"]
+    copies = eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=fail, sft={"copy_induction_acc": 0.98}))
+    assert "can copy from its prompt" in copies["sim_rl_reward_gain"]["diagnosis"]   # the probe passes: not the cause
     from mimesis_lab.evals.report import effects_markdown
     assert "copy accuracy is 0.00" in effects_markdown(out)
     ok = eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=SIM_RL, sft={"copy_induction_acc": 0.9}))

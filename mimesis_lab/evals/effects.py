@@ -38,6 +38,7 @@ __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", 
            "PHASE_OF"]
 
 N_BOOT = 2000
+COPY_OK = 0.5     # an in-context copy accuracy at or above this: the simulator can copy (copy_probe)
 SEED = 0
 Stat = Callable[[np.ndarray], float]
 
@@ -143,9 +144,11 @@ def _with_copy_diagnosis(e: dict, sft: Mapping[str, Any] | None) -> dict:
         e["sft_copy_induction_acc"] = float(acc)
         if not e.get("passed"):
             chance = (sft or {}).get("copy_induction_chance")
+            verdict = (": it cannot repeat what its prompt holds" if acc < COPY_OK else
+                       ": it can copy from its prompt, so copying is not what limits this effect")
             e["diagnosis"] = (f"the SFT simulator's in-context copy accuracy is {acc:.2f}"
                               + (f" (chance {chance:.4f})" if isinstance(chance, (int, float)) else "")
-                              + ": it cannot repeat what its prompt holds (mimesis_lab/evals/copy_probe.py)")
+                              + verdict + " (mimesis_lab/evals/copy_probe.py)")
     return e
 
 
