@@ -341,9 +341,9 @@ def collate(
     if trees and any(r.parents is None and len(r.seq_lens) != 1 for r in rows):
         raise ValueError("a packed plain row cannot share a micro-batch with prefix-tree rows")
     if trees:   # a token sees its ancestors and itself; pads only themselves (mimesis_lab.rl.policy)
-        from mimesis_lab.rl.policy import _tree_attention
+        from mimesis_lab.rl.policy import tree_attention
 
-        _, allowed = _tree_attention(rows, max_len)
+        _, allowed = tree_attention(rows, max_len)
         additive = torch.zeros((b, 1, max_len, max_len), dtype=dtype)
         additive.masked_fill_(~allowed, torch.finfo(dtype).min)
         out["attention_mask"] = additive

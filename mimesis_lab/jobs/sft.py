@@ -89,15 +89,25 @@ def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype,
     return s, c, ul
 
 
-def rehearsal_loss(engine, cfg, step: int, rank: int, vocab: int) -> torch.Tensor:
-    """The induction-task loss of one rehearsal batch (:func:`~mimesis_lab.models.induction_batch`, spans
-    8-40, gaps 0-32, ``cfg.induction_rehearsal_batch`` rows), drawn from a generator seeded by (seed, step,
-    rank) so a resumed run draws the same batches."""
+def rehearsal_loss(engine, cfg, step: int, rank: int, world: int, vocab: int) -> tuple[torch.Tensor, float]:
+    """This rank's share of one rehearsal batch of the induction task (:func:`~mimesis_lab.models.induction_batch`,
+    spans 8-40, gaps 0-32, ``cfg.induction_rehearsal_batch`` rows): the batch is drawn from a generator seeded by
+    (seed, step) alone and rank ``r`` takes rows ``r, r + world, …``, so a resumed run draws the same batches and
+    every world size trains on the same ones. Returns ``(term, share)``: ``term`` is scaled so that the gradient
+    DeepSpeed averages over the ranks is that of the whole batch's mean loss; ``share`` is this rank's part of
+    that mean (all-reduce the shares for the batch's loss). A rank with no row of its own runs one at weight 0
+    (ZeRO-3 needs every rank in every forward)."""
     from mimesis_lab.models import induction_batch, induction_loss
 
-    g = torch.Generator().manual_seed((cfg.seed + 17) * 1_000_003 + step * 7919 + rank)
-    seq, start = induction_batch(g, vocab, cfg.induction_rehearsal_batch, low=min(100, vocab // 4))
-    return induction_loss(engine, seq.to(engine.device), start)
+    g = torch.Generator().manual_seed((cfg.seed + 17) * 1_000_003 + step * 7919)
+    n = cfg.induction_rehearsal_batch
+    seq, start = induction_batch(g, vocab, n, low=min(100, vocab // 4))
+    mine = seq[rank::world]
+    weight = mine.shape[0] / n
+    if mine.shape[0] == 0:
+        mine = seq[:1]
+    loss = induction_loss(engine, mine.to(engine.device), start)
+    return loss * (weight * world), float(loss.detach()) * weight
 
 
 def evaluate(engine, rows, units, micro: int, world: int, rank: int, max_len: int, pad_id: int, mask_mode: str,
@@ -163,8 +173,8 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
     torch.manual_seed(cfg.seed)
     model = build_or_load(params.model, tokenizer) if from_scratch else load_model(cfg.init_from)
     clock.lap("model")
+    vocab = int(model.get_input_embeddings().weight.shape[0])   # before ZeRO-3 partitions the weights (then 0)
     engine, optimizer = make_engine(model, cfg, ds_config)
-    vocab = int(model.get_input_embeddings().weight.shape[0])
     unlikely = None
     if cfg.format_unlikelihood > 0:     # </think> closes the reply's reasoning; after it no think tag is right
         tags = [tokenizer.convert_tokens_to_ids(t) for t in ("</think>", "<think>")]
@@ -269,8 +279,8 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                     obj = obj + cfg.format_unlikelihood * res[2] * (world / n_tgt)
                     ul_sum += float(res[2].detach())
                 if cfg.induction_rehearsal > 0 and k == len(micro_batches) - 1:   # once per optimizer step, on its last micro
-                    ind = rehearsal_loss(engine, cfg, step, rank, vocab)
-                    obj = obj + cfg.induction_rehearsal * ind
+                    term, ind = rehearsal_loss(engine, cfg, step, rank, world, vocab)
+                    obj = obj + cfg.induction_rehearsal * term
                 engine.backward(obj, scale_wrt_gas=False)
                 if zero_stage == 0 and k == gas - 1:      # DeepSpeed records no norm without ZeRO
                     gn = float(torch.nn.utils.get_total_norm([p.grad for p in engine.module.parameters()
@@ -278,6 +288,8 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                 engine.step()
                 local += float(s.detach())
             loss = all_reduce([local])[0] / n_tgt
+            if ind is not None:
+                ind = all_reduce([ind])[0]      # the rehearsal batch's mean loss over every rank's rows
             dt = time.perf_counter() - t0
             step += 1
             prog.update(1)
@@ -294,7 +306,7 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                        "grad_norm": gn, "tokens": n_tok, "target_tokens": n_tgt, "tokens_per_s": n_tok / dt,
                        "step_time_s": dt}
                 if ind is not None:
-                    rec["induction_loss"] = float(ind.detach())
+                    rec["induction_loss"] = ind
                 if unlikely is not None:
                     rec["format_unlikelihood"] = all_reduce([ul_sum])[0] / n_tgt
                 log.write(rec, {"train_loss": loss, "lr": lr, "grad_norm": gn, "tokens_per_s": n_tok / dt,

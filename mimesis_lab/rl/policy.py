@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["UpdateRow", "segment_row", "trajectory_row", "pad_update_rows", "token_logprobs", "cache_layers",
+__all__ = ["UpdateRow", "segment_row", "trajectory_row", "tree_attention", "pad_update_rows", "token_logprobs", "cache_layers",
            "minibatch_indices", "minibatch_plan", "micro_chunks", "policy_state_dict"]
 
 
@@ -107,7 +107,7 @@ def _branches(parents: Sequence[int]) -> list[tuple[int, int, int]]:
     return [(a, b, parents[a]) for a, b in zip(starts, ends)]
 
 
-def _tree_attention(rows: Sequence[UpdateRow], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_attention(rows: Sequence[UpdateRow], width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``position_ids`` ``[B, T]`` (a token's position in its own sequence) and the boolean 4D
     ``attention_mask`` ``[B, 1, T, T]`` (``True``: the key is the query's ancestor or itself) of
     prefix-tree rows; a plain row is one causal run, and every pad sees only itself."""
@@ -144,7 +144,7 @@ def pad_update_rows(rows: Sequence[UpdateRow], pad_id: int, device: torch.device
     ``old_logp``/``mask``/``adv`` ``[B, T-1]`` (zero outside the trained positions).
 
     With a prefix-tree row in the batch (:func:`trajectory_row`) there are also ``position_ids``
-    ``[B, T]`` and ``attention_mask`` is the boolean 4D mask ``[B, 1, T, T]`` of :func:`_tree_attention`
+    ``[B, T]`` and ``attention_mask`` is the boolean 4D mask ``[B, 1, T, T]`` of :func:`tree_attention`
     (:func:`token_logprobs` hands it to the model in the form attention applies).
     """
     if not rows:
@@ -168,7 +168,7 @@ def pad_update_rows(rows: Sequence[UpdateRow], pad_id: int, device: torch.device
             adv[i, shifted] = torch.tensor(r.adv, dtype=torch.float32)
     out = {"input_ids": ids, "attention_mask": attn, "old_logp": old, "mask": mask, "adv": adv}
     if any(r.parents is not None for r in rows):
-        out["position_ids"], out["attention_mask"] = _tree_attention(rows, width)
+        out["position_ids"], out["attention_mask"] = tree_attention(rows, width)
     return {k: v.to(device) for k, v in out.items()}
 
 
