@@ -50,6 +50,16 @@ def build_system_prompt(task_summary: str | None, task_expectation: str | None,
     return "\n".join(lines)
 
 
+def simulator_system_prompt(instructions: str, expectation: str | None = None) -> str:
+    """A task's user instructions in the layout the simulator was trained on (:func:`build_system_prompt`:
+    :data:`SYSTEM_HEADER`, then ``Task:`` and ``Expectations:``), so that a gym's or a behaviour task's user
+    prompt reaches the simulator as the ThoughtTrace SFT prompts did. A prompt already in that layout is kept."""
+    text = str(instructions or "").strip()
+    if text.startswith(SYSTEM_HEADER):
+        return text
+    return build_system_prompt(text or None, expectation, None)
+
+
 def think_block(reasons: Sequence[str], reactions: Sequence[str] = ()) -> str:
     """``<think>`` content: reaction lines (if any) then reasons, one per line."""
     lines = [REACTION_PREFIX + r for r in reactions] + list(reasons)

@@ -15,6 +15,7 @@ from mimesis_lab.endpoint import ChatEndpoint, json_answer
 from mimesis_lab.envs.gyms.base import UserReply
 from mimesis_lab.rollout.backends import SamplingParams
 from mimesis_lab.rollout.user_side import EndpointUser
+from mimesis_lab.thoughttrace import SYSTEM_HEADER
 
 from .fake_openai import FakeOpenAI, answer, drop, raw, refuse, slow, status
 
@@ -155,6 +156,7 @@ def test_backoff_schedules(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- EndpointUser
+
 VIEW = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "How can I help?"}]
 
 
@@ -175,8 +177,22 @@ def test_endpoint_user_sends_its_api_key_and_sampling(monkeypatch):
     first = server.requests[0]
     assert first["headers"]["authorization"] == "Bearer sk-user"
     assert "authorization" not in server.requests[1]["headers"]
+    # the gym's instructions reach the simulator in its ThoughtTrace training layout; the view is not mutated
+    sent = [{"role": "system", "content": SYSTEM_HEADER + "\nTask: You are a customer."}, VIEW[1]]
     assert first["body"] == {"model": "sim", "max_tokens": 16, "temperature": 0.5, "top_p": 1.0, "seed": 3,
-                             "messages": VIEW}
+                             "messages": sent}
+    assert VIEW[0]["content"] == "You are a customer."
+
+
+def test_endpoint_user_layout_off_sends_the_gym_prompt_as_is_and_keeps_a_laid_out_prompt():
+    laid_out = [{"role": "system", "content": SYSTEM_HEADER + "\nTask: You are a customer."}, VIEW[1]]
+    with FakeOpenAI([answer("a"), answer("b")]) as server:
+        with user_for(server, thoughttrace_layout=False) as raw:
+            raw.respond(VIEW)
+        with user_for(server) as user:
+            user.respond(laid_out)                     # already in the layout: not wrapped twice
+    assert server.requests[0]["body"]["messages"] == VIEW
+    assert server.requests[1]["body"]["messages"] == laid_out
 
 
 def test_endpoint_user_retries_transient_failures_up_to_max_retries():

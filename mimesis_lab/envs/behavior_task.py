@@ -30,6 +30,7 @@ from mimesis_lab.envs.behavior import behavior_reward
 from mimesis_lab.envs.output_format import ParsedReply
 from mimesis_lab.judges.abcd_agent import ABCDSupportAgent, topic_name
 from mimesis_lab.judges.behavior_judge import BehaviorJudgeRequest, JudgeFailure, rule_check
+from mimesis_lab.thoughttrace import simulator_system_prompt
 
 __all__ = ["BehaviorEpisode", "load_behavior_rows", "system_prompt", "behavior_instruction", "GOALS", "DATA_SOURCE"]
 
@@ -134,6 +135,14 @@ def behavior_instruction(b: str, kw: dict[str, Any]) -> str:
             "difficult, impatient, contradictory and so on).")
 
 
+def simulator_prompt(raw: str) -> str:
+    """``raw`` (:func:`system_prompt`) in the ThoughtTrace layout the world's support conversations are
+    trained in: all but the last two lines are the task, the last two the expectations
+    (:func:`mimesis_lab.world.support.support_dialogue` splits it the same way)."""
+    lines = raw.split("\n")
+    return simulator_system_prompt("\n".join(lines[:-2]), "\n".join(lines[-2:]))
+
+
 def system_prompt(sc: dict[str, Any], subflow: str, b: str, kw: dict[str, Any], budget: int) -> str:
     return "\n".join([
         "You are a customer chatting with an online store's customer-support agent. You are the customer, not "
@@ -169,7 +178,8 @@ class BehaviorEpisode(SimEpisode):
         opt = ctx.option(DATA_SOURCE, "turn_budget")
         self.turn_budget = int(opt if opt is not None else row.get("turn_budget") or 8)
         self.env_error: str | None = None
-        self.system = system_prompt(self.scenario, self.subflow, self.behavior, self.kwargs, self.turn_budget)
+        self.system = simulator_prompt(system_prompt(self.scenario, self.subflow, self.behavior, self.kwargs,
+                                                     self.turn_budget))
         try:
             self.agent: ABCDSupportAgent | None = ABCDSupportAgent(self.scenario, ctx.kb, ctx.guidelines,
                                                                    self.flow, self.subflow)

@@ -28,6 +28,7 @@ from mimesis_lab.envs.gyms.base import UserReply
 from mimesis_lab.envs.output_format import public_text
 from mimesis_lab.rollout.sim_rollout import is_refusal
 from mimesis_lab.rollout.backends import SamplingParams, sampling_body
+from mimesis_lab.thoughttrace import simulator_system_prompt
 
 __all__ = ["EndpointUser", "episode_base_url", "SHIM_MARGIN_S"]
 
@@ -52,7 +53,11 @@ class EndpointUser:
     (502, nothing stored) before the client gives up. ``max_retries`` retries timeouts, transport
     errors, HTTP 429 and 5xx (safe through the shim: a 502 stores nothing), waiting
     ``backoff_s * 2 ** (k - 1)`` before retry ``k``; an answer the shim accepted is never retried
-    (the shim stored that turn's reasoning), so a reply without content fails at once. The API key is
+    (the shim stored that turn's reasoning), so a reply without content fails at once. With
+    ``thoughttrace_layout`` (default) the gym's user system prompt is sent in the layout the simulator was
+    trained on (:func:`~mimesis_lab.thoughttrace.simulator_system_prompt`: the ThoughtTrace header, then
+    ``Task: <the gym's instructions>``); a tiny simulator answers a prompt it has never seen with a think
+    block it does not close. The API key is
     read from the environment variable ``api_key_env`` (none is sent when it is unset or not given).
     ``privileged_token`` is the shim's :attr:`~mimesis_lab.rollout.shim.PrivilegedShim.token`, sent only
     by :meth:`privileged` and :meth:`finish` (without it the shim answers 401 and they raise).
@@ -62,8 +67,10 @@ class EndpointUser:
 
     def __init__(self, base_url: str, model: str, episode: str | None = None,
                  sampling: SamplingParams | None = None, timeout_s: float = 120, max_retries: int = 2,
-                 api_key_env: str | None = None, backoff_s: float = 0.5, privileged_token: str | None = None):
+                 api_key_env: str | None = None, backoff_s: float = 0.5, privileged_token: str | None = None,
+                 thoughttrace_layout: bool = True):
         self.episode = episode
+        self.thoughttrace_layout = thoughttrace_layout
         self.privileged_token = privileged_token
         self.base_url = episode_base_url(base_url, episode)
         self.model = model
@@ -92,7 +99,10 @@ class EndpointUser:
 
     def respond(self, messages: list[dict[str, str]]) -> UserReply:
         self.calls += 1
-        body = sampling_body(self.model, self.sampling) | {"messages": [dict(m) for m in messages]}
+        msgs = [dict(m) for m in messages]
+        if self.thoughttrace_layout and msgs and msgs[0].get("role") == "system":
+            msgs[0]["content"] = simulator_system_prompt(msgs[0]["content"])
+        body = sampling_body(self.model, self.sampling) | {"messages": msgs}
         res = self.chat.call(body, _user_content)
         if not res.ok:
             self.errors += 1
