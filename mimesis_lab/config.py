@@ -275,6 +275,10 @@ class ModelParams(Section):
         "data (random-token spans repeated after a random gap; loss on the repeat), which gives it in-context "
         "copying (induction heads) as pretraining gives a real checkpoint; 0 = off. "
         "See mimesis_lab.models.induction_warmup.")
+    induction_warmup_target: float = Field(
+        0.0, ge=0, le=1, description="Stop the induction warm-up early once the copy probe (30-token spans, "
+        "mimesis_lab.evals.copy_probe) reaches this accuracy, checked every 100 steps; induction_warmup_steps is "
+        "then the most it runs; 0 = run every step.")
     induction_warmup_lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the induction warm-up.")
     induction_warmup_batch: int = Field(32, gt=0, description="Sequences per induction warm-up step.")
     induction_warmup_max_gap: int = Field(
