@@ -133,9 +133,9 @@ def induction_warmup(model, *, steps: int, lr: float = 3e-3, batch: int = 32, mi
 
     Measured on the tiny default (2 layers, 128 wide, 4,101 tokens; ``lr`` 3e-3, batch 32, no gap): the probe
     stays at chance for about 600 steps, then rises through a phase change to 0.96 at 1,000 steps (106 s on
-    2 CPU cores). With ``lr`` 6e-3 the plateau is shorter: 0.986 on 30-token spans and 0.972 on 60 at 700 steps
-    (``lr`` 3e-3: 0.987 / 0.953 at 900; shorter spans and gaps, max span 24 and gap 16, stay near chance for
-    1,300 steps).
+    2 CPU cores; a later run: 0.956 at 800 steps, 0.987 on 30-token spans and 0.953 on 60 at 900). With ``lr``
+    6e-3 the plateau is shorter (0.986 at 700 steps), but the result fine-tunes worse (mid-training val loss 3.97
+    instead of 2.93); shorter spans and gaps (max span 24, gap 16) stay near chance for 1,300 steps.
 
     ``target`` > 0 stops early: every ``check_every`` steps the copy probe
     (:func:`mimesis_lab.evals.copy_probe.induction_accuracy`, 30-token spans, its own seed) is measured and the
