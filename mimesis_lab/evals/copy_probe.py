@@ -53,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from mimesis_lab.models import load_model
+    from transformers import AutoModelForCausalLM   # not mimesis_lab.models: it imports this module (warm-up)
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help="local Hugging Face model folders")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     for path in args.models:
-        print(json.dumps({"model": path, **induction_accuracy(load_model(path), seed=args.seed)}))
+        print(json.dumps({"model": path, **induction_accuracy(AutoModelForCausalLM.from_pretrained(path), seed=args.seed)}))
     return 0
 
 
