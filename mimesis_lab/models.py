@@ -160,6 +160,8 @@ def induction_warmup(model, *, steps: int, lr: float = 3e-3, batch: int = 32, mi
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     was_training = model.training
     model.train()
+    if target > 0:
+        from mimesis_lab.evals.copy_probe import induction_accuracy   # it restores the model's mode itself
     losses: list[float] = []
     probe: float | None = None
     try:
@@ -172,22 +174,17 @@ def induction_warmup(model, *, steps: int, lr: float = 3e-3, batch: int = 32, mi
             opt.step()
             losses.append(loss.item())
             if target > 0 and step % check_every == 0 and step < steps:
-                from mimesis_lab.evals.copy_probe import induction_accuracy
-
                 probe = float(induction_accuracy(model, vocab, low=low)["acc"])
-                model.train()
                 if probe >= target:
                     break
+            else:
+                probe = None            # trained past the last check: measured again at the end
     finally:
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     out = {"steps": len(losses), "loss_first": losses[0], "loss_last": float(sum(losses[-20:]) / len(losses[-20:]))}
     if target > 0:
-        from mimesis_lab.evals.copy_probe import induction_accuracy
-
-        out["probe"] = probe if probe is not None and probe >= target else \
-            float(induction_accuracy(model, vocab, low=low)["acc"])
-        model.train(was_training)
+        out["probe"] = probe if probe is not None else float(induction_accuracy(model, vocab, low=low)["acc"])
     return out
 
 
@@ -237,7 +234,7 @@ def _warmed_up(model, cfg: Any, build: tuple) -> None:
                   flush=True)
     steps = int(cfg.induction_warmup_steps)
     t0 = time.perf_counter()   # minutes on CPU: say so, and how it went (a user would otherwise see a silent job)
-    target = float(getattr(cfg, "induction_warmup_target", 0.0) or 0.0)
+    target = float(cfg.induction_warmup_target)
     print(f"induction warm-up of the tiny model: {'at most ' if target else ''}{steps} steps"
           f"{f' (until the copy probe reaches {target:g})' if target else ''} ...", file=sys.stderr, flush=True)
     res = induction_warmup(model, steps=steps, lr=cfg.induction_warmup_lr, batch=cfg.induction_warmup_batch,
