@@ -465,6 +465,12 @@ class AgentUserParams(Section):
         "one upstream batch), keeping the first well-formed one in seed order: the same replies and counters as "
         "one at a time, in fewer generation rounds; the samples drawn but not needed are counted as "
         "`user/format_speculative`. 1 = one at a time.")
+    think_format: bool = Field(
+        False, description="Decode the simulator's replies under the `<think>reasoning</think>utterance` grammar "
+        "(kind `simulator`, or an `openai` server that is ours: mimesis_lab.rollout.think_guide): the model writes "
+        "every token, the grammar only masks what the format forbids and closes a think block that would leave no "
+        "room for the utterance. Counted per step as `user/guided_replies`, `user/guided_tokens` and "
+        "`user/guided_forced_close`. Off = the raw model, format failures and resamples as they come.")
 
 
 class AgentGRPOParams(RLPhaseParams):

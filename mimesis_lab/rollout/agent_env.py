@@ -26,6 +26,8 @@ __all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side",
 
 #: shim counters reported per step (``user/<key>``)
 USER_STAT_KEYS = ("format_failures", "format_resamples", "format_recovered", "format_speculative")
+#: in-process simulator server counters reported per step with ``user.think_format`` (``user/<key>``)
+SERVER_STAT_KEYS = ("guided_requests", "guided_replies", "guided_tokens", "guided_forced_close")
 MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic to count as a leak
 
 
@@ -112,7 +114,8 @@ class EpisodeBatch:
     replies: dict[str, list[str]]
     rollout_time_s: float
     #: this rank's shim counters over the step: ``format_failures`` (replies kept malformed),
-    #: ``format_resamples`` and ``format_recovered`` (``user.format_retries``)
+    #: ``format_resamples`` and ``format_recovered`` (``user.format_retries``); with ``user.think_format`` the
+    #: in-process server's ``guided_*`` counters (:data:`SERVER_STAT_KEYS`)
     user_stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -135,6 +138,7 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
 
     t0 = time.perf_counter()
     before = shim.stats()
+    server_before = user_server.stats() if user_server is not None else {}
     rng = random.Random(f"{cfg.seed}:{step}")
     names = sorted(rows_by_gym)
     groups = []
@@ -149,7 +153,8 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
             # each episode's user samples with its own seed: group members whose user prompts coincide
             # (before their agents diverge) still meet different replies
             user_sampling = SamplingParams(max_new_tokens=cfg.user.max_new_tokens, temperature=cfg.user.temperature,
-                                           seed=zlib.crc32(f"{cfg.seed}:{step}:{tid}".encode()))
+                                           seed=zlib.crc32(f"{cfg.seed}:{step}:{tid}".encode()),
+                                           think_format=cfg.user.think_format)
             user = EndpointUser.from_params(cfg.user, shim.url, user_model, tid, user_sampling)
             rows.append(groups[gi])
             gyms.append(gym_for_row(groups[gi], tasks, user, random.Random(f"{cfg.seed}:{tid}"),
@@ -179,4 +184,7 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
         raise PrivacyError(f"step {step + 1}: simulator reasoning found in {leaks} agent input(s)")
     after = shim.stats()
     user_stats = {k: float(after.get(k, 0) - before.get(k, 0)) for k in USER_STAT_KEYS}
+    if cfg.user.think_format and user_server is not None:
+        server_after = user_server.stats()
+        user_stats |= {k: float(server_after.get(k, 0) - server_before.get(k, 0)) for k in SERVER_STAT_KEYS}
     return EpisodeBatch(trajs, privileged, replies, t_roll, user_stats)

@@ -62,6 +62,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: list[int] | None = None
+    #: decode under the ``<think>reasoning</think>utterance`` grammar (:mod:`mimesis_lab.rollout.think_guide`)
+    think_format: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -90,6 +92,8 @@ class Generation:
     error: str | None = None
     transient: bool = False        # a remote failure whose retries ran out on a timeout / transport / 429 / 5xx
     recovered_retries: int = 0     # failed remote attempts before this generation
+    guided: int = 0                # think_format: steps where the grammar masked the model's most likely token
+    forced_close: bool = False     # think_format: the think block was closed for lack of room
 
     @property
     def ok(self) -> bool:
@@ -398,7 +402,14 @@ class TransformersBackend:
             _reserve_cache(past, attn.shape[1] + params.max_new_tokens)
         alive = list(range(n))       # rows still generating; tensors below hold only these rows
         prunable = hasattr(past, "batch_select_indices")
+        guide = None
+        if params.think_format:
+            from mimesis_lab.rollout.think_guide import ThinkGuide, think_tokens
+
+            guide = ThinkGuide(think_tokens(self.tokenizer), n, params.max_new_tokens, frozenset(stop))
         for step in range(params.max_new_tokens):
+            if guide is not None:
+                guide.mask(logits, alive, step)
             logp = torch.log_softmax(logits, dim=-1)
             nxt = self._choose(logits, params, gens).tolist()
             picked = logp.gather(-1, torch.tensor(nxt, device=logp.device).unsqueeze(-1)).squeeze(-1).tolist()
@@ -407,6 +418,8 @@ class TransformersBackend:
                     continue
                 tokens[r].append(nxt[j])
                 logps[r].append(picked[j])
+                if guide is not None:
+                    guide.advance(r, nxt[j])
                 if nxt[j] in stop:
                     done[r], finish[r] = True, "stop"
             if all(done) or step == params.max_new_tokens - 1:
@@ -435,7 +448,9 @@ class TransformersBackend:
         for r in range(n):
             text = self.tokenizer.decode(tokens[r], skip_special_tokens=False)
             results.append(Generation(prompt_ids=batch[r], token_ids=tokens[r], logprobs=logps[r],
-                                      text=text, finish_reason=finish[r]))
+                                      text=text, finish_reason=finish[r],
+                                      guided=guide.guided[r] if guide else 0,
+                                      forced_close=guide.forced_close[r] if guide else False))
         return results
 
     def _store_rows(self, past, attn: torch.Tensor, alive: list[int], rows: list[int], batch: list[list[int]],
@@ -601,6 +616,8 @@ def sampling_body(model: str, params: SamplingParams) -> dict[str, Any]:
         body["seed"] = params.seed
     if params.stop_token_ids:
         body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.think_format:
+        body["think_format"] = True
     return body
 
 
@@ -740,6 +757,9 @@ class VLLMBackend:
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
 
     def _sampling(self, params: SamplingParams):
+        if params.think_format:
+            raise ValueError("think_format is a grammar of the transformers backend (mimesis_lab.rollout.serve); "
+                             "a vLLM server constrains the format with its own structured outputs")
         return self._vllm.SamplingParams(
             max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
             seed=params.seed, stop_token_ids=sorted(_stop_ids(params, self.tokenizer)),

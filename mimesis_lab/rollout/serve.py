@@ -12,6 +12,10 @@ Routes (all JSON):
   ``finish_reason`` is ``"stop"`` (stop token or stop string) or ``"length"``.
 - ``POST /v1/completions`` — ``prompt`` as a string or a list of token ids (what
   :meth:`OpenAIBackend.generate_ids` sends), same sampling fields.
+- ``think_format`` (bool, our extension): decode under the ``<think>reasoning</think>utterance`` grammar
+  (:mod:`mimesis_lab.rollout.think_guide`); :meth:`ModelServer.stats` counts ``guided_requests``,
+  ``guided_replies`` (replies where the grammar overrode the model at least once), ``guided_tokens`` and
+  ``guided_forced_close``.
 - ``GET /v1/models`` and ``GET /health``.
 
 Bad JSON (of any nesting depth: deeper than ``MAX_JSON_DEPTH`` levels is refused too), a
@@ -461,7 +465,7 @@ class _Request:
         """Requests with equal keys can share one ``generate_ids`` call (the seed is per row)."""
         p = self.params
         stop = None if p.stop_token_ids is None else tuple(p.stop_token_ids)
-        return (p.max_new_tokens, p.temperature, p.top_p, stop)
+        return (p.max_new_tokens, p.temperature, p.top_p, stop, p.think_format)
 
 
 class UserRound:
@@ -546,7 +550,8 @@ class ModelServer(BackgroundHTTPServer):
         self._stats_lock = threading.Lock()
         self._stats = {"requests": 0, "bad_requests": 0, "generation_errors": 0, "completion_tokens": 0,
                        "batches": 0, "batched_requests": 0, "max_batch_seen": 0, "round_batches": 0,
-                       "round_wait_capped": 0}
+                       "round_wait_capped": 0, "guided_requests": 0, "guided_replies": 0, "guided_tokens": 0,
+                       "guided_forced_close": 0}
         ends = set(END_TOKENS)
         for tok in (getattr(tokenizer, "eos_token", None), getattr(tokenizer, "pad_token", None)):
             if isinstance(tok, str) and tok:
@@ -740,9 +745,13 @@ class ModelServer(BackgroundHTTPServer):
         seed = _num(body, "seed", None, int)
         if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
             raise HTTPError(400, f"'seed' must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {seed}")
+        think_format = body.get("think_format", False)
+        if not isinstance(think_format, bool):
+            raise HTTPError(400, f"'think_format' must be a boolean, got {think_format!r:.40}")
         try:
             return SamplingParams(max_new_tokens=max_tokens, temperature=_num(body, "temperature", 1.0),
-                                  top_p=_num(body, "top_p", 1.0), seed=seed, stop_token_ids=stop_ids or None)
+                                  top_p=_num(body, "top_p", 1.0), seed=seed, stop_token_ids=stop_ids or None,
+                                  think_format=think_format)
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
 
@@ -781,6 +790,11 @@ class ModelServer(BackgroundHTTPServer):
                     else self.tokenizer.convert_ids_to_tokens(gen.token_ids))
             logprobs = [{"token": t, "logprob": float(lp)} for t, lp in zip(toks, gen.logprobs)]
         self._count("completion_tokens", len(gen.token_ids))
+        if body.get("think_format"):
+            self._count("guided_requests")
+            self._count("guided_replies", gen.guided > 0)
+            self._count("guided_tokens", gen.guided)
+            self._count("guided_forced_close", int(gen.forced_close))
         return text, finish, logprobs
 
     def _envelope(self, kind: str, choice: dict, gen) -> dict:
