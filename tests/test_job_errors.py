@@ -39,3 +39,19 @@ def test_missing_init_from_names_the_key_and_the_cause(tmp_path):
                           str(tmp_path / "params.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "sft.init_from" in res.stderr and "does not exist" in res.stderr and "okenizer" not in res.stderr
+
+
+def test_a_privacy_leak_stops_the_job_with_status_2_so_it_is_not_retried(capsys):
+    """Agent rollouts are seeded: a job resumed after a PrivacyError meets the same leak at the same step, so the
+    job exits with the clear-error status and the flow does not retry it (it did twice, 1.5 min each)."""
+    from mimesis_lab.rollout.agent_env import PrivacyError
+    from mimesis_lab.train.runtime import job_main
+
+    def run(phase, params):
+        raise PrivacyError("step 11: simulator reasoning found in 1 agent input(s); first: s10g0r1: 'x'")
+
+    rc = job_main(run, ("agent_grpo",), prog="test", description="test",
+                  argv=["--phase", "agent_grpo", "--params", str(ROOT / "params.yaml")])
+    assert rc == 2
+    assert "PrivacyError: step 11" in capsys.readouterr().err
+    assert retryable(None, None, FailedState(LaunchError(rc, ["python"], "error: …"))) is False

@@ -554,6 +554,40 @@ def test_leak_check_sees_every_withheld_span():
     assert privacy_leaks(Tok(), [said], {"e1": [reasoning]}, {"e2": ["my budget is 80 euros per night, ok?"]}) == 1
 
 
+def test_leak_check_searches_only_what_the_environment_fed_the_agent():
+    """TurtleGym's surface story is in the agent's prompt and in the user's task: a user whose reasoning repeats
+    it reveals nothing. A span the agent wrote itself (two degenerate models looping on the same words) reached
+    no agent input; the same span in an observation did. The error names the trajectory and the span."""
+    from types import SimpleNamespace
+
+    from mimesis_lab.rollout.agent_env import leak_message, leaked_spans, privacy_leaks
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            return ids
+
+    def traj(prompt, *turns):   # turns: (agent text, observation text)
+        return SimpleNamespace(traj_id="e1", prompt_ids=prompt,
+                               turns=[SimpleNamespace(token_ids=a, env_ids=o) for a, o in turns])
+
+    surface = "jack flew to prague with a big empty suitcase"
+    loop = "need a big empty need a big empty need a big empty"
+    secret = "he went to buy a suitcase full of beer for his friends"
+    # the user's reasoning repeats the prompt, and the user's reply repeats it too: public
+    copied = traj(f"surface: {surface}", ("[action] why?", f"host: {surface}"))
+    assert privacy_leaks(Tok(), [copied], {"e1": [surface]}) == 0
+    # the agent writes the loop the user also thought: not an agent input
+    looped = traj("surface: a man", (f"[action] {loop}", "host: no."))
+    assert privacy_leaks(Tok(), [looped], {"e1": [loop]}) == 0
+    # the same loop arriving in an observation is a leak
+    fed = traj("surface: a man", ("[action] why?", f"host: no. {loop}"))
+    assert privacy_leaks(Tok(), [fed], {"e1": [loop]}) == 1
+    leaks = leaked_spans(Tok(), [traj(f"surface: {surface}", ("[action] why?", f"host: no. {secret}"))],
+                         {"e1": [f"{surface}\n{secret}"]})
+    assert leaks == [("e1", secret)]
+    assert leak_message(leaks) == f"simulator reasoning found in 1 agent input(s); first: e1: {secret!r}"
+
+
 class _SeedKeyed(BaseHTTPRequestHandler):
     """Upstream whose reply is a function of the request's seed (``server.replies``; a missing seed is 502),
     recording (seed, X-Request-Group) per request."""

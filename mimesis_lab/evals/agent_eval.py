@@ -324,7 +324,7 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
               tasks: dict[str, dict[str, Any]], agent_fp: str, user_ident: str) -> list[dict[str, Any]]:
     """Run ``items`` (one agent, one user) in one batched call; one record per item."""
     from mimesis_lab.envs.gyms.registry import gym_for_row
-    from mimesis_lab.rollout.agent_env import PrivacyError, privacy_leaks
+    from mimesis_lab.rollout.agent_env import PrivacyError, leak_message, leaked_spans
     from mimesis_lab.rollout.agent_rollout import run_agent_episodes
     from mimesis_lab.rollout.backends import SamplingParams
 
@@ -359,9 +359,9 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
                                        user_round=None if side.server is None else side.server.round)
             privileged = {t.traj_id: side.privileged(t.traj_id) for t in trajs}
             said = {t.traj_id: list(getattr(u, "replies", [])) for t, u in zip(trajs, users)}
-            leaks = privacy_leaks(tok, trajs, privileged, said)
+            leaks = leaked_spans(tok, trajs, privileged, said)
             if leaks:
-                raise PrivacyError(f"user {side.name}: simulator reasoning found in {leaks} agent input(s)")
+                raise PrivacyError(f"user {side.name}: {leak_message(leaks)}")
             for it, t, u in zip(live, trajs, users):
                 records[it.key] = {**t.to_json(), **_base_record(it, agent_fp, user_ident, settings),
                                    "user_replies": len(getattr(u, "replies", [])),

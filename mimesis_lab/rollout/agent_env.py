@@ -8,8 +8,9 @@ privacy check that no simulator reasoning reaches an agent input.
 - :func:`collect_episodes` — one RL step's rollouts: groups sampled by gym weight, one
   :class:`EndpointUser` per episode on ``{shim}/ep/{episode}/v1``, the batched episodes, then each
   episode's private reasoning and public replies read from the shim (and the episode freed).
-- :func:`privacy_leaks` — trajectories whose agent-visible stream contains a reasoning string of
-  their own episode; any hit is a shim bug and stops the job (:class:`PrivacyError`).
+- :func:`privacy_leaks` / :func:`leaked_spans` — trajectories whose agent-visible stream contains a reasoning
+  string of their own episode that the agent had no public way to see; any hit is a shim bug and stops the job
+  (:class:`PrivacyError`, naming the trajectory and the span).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side", "privacy_leaks",
-           "EpisodeBatch", "collect_episodes"]
+__all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side", "privacy_leaks", "leaked_spans",
+           "leak_message", "EpisodeBatch", "collect_episodes"]
 
 #: shim counters reported per step (``user/<key>``)
 USER_STAT_KEYS = ("format_failures", "format_resamples", "format_recovered", "format_speculative")
@@ -81,27 +82,56 @@ def start_user_side(user_cfg: Any, max_episodes: int):
     return server, shim, model
 
 
-def privacy_leaks(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]],
-                  public: dict[str, list[str]] | None = None) -> int:
-    """Trajectories whose agent-visible stream contains a withheld span of their episode: every line
-    of every privileged entry (the shim stores each reply's withheld text — the reasoning, and in a
-    malformed reply everything before its last ``</think>`` — one span per line) of at least
-    :data:`MIN_LEAK_CHARS` characters.
+def leaked_spans(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]],
+                 public: dict[str, list[str]] | None = None) -> list[tuple[str, str]]:
+    """``(trajectory id, span)`` of every trajectory whose agent-visible stream contains a withheld span of its
+    episode (the first such span): every line of every privileged entry (the shim stores each reply's withheld
+    text — the reasoning, and in a malformed reply everything before its last ``</think>`` — one span per line)
+    of at least :data:`MIN_LEAK_CHARS` characters.
 
-    ``public`` (trajectory id -> the user's public replies, as the agent received them): a span that the
-    user also *said* in one of those replies is public, not leaked. A simulator that copies well writes the
-    same sentence in its reasoning and in its utterance ("my stance is 6 because i take the bus every day"),
-    and the agent then legitimately reads it; the leak this check exists for is withheld text that reaches
-    the agent by any other way."""
-    leaks = 0
+    A span is public, not leaked, when the agent had it by a public way:
+
+    - ``public`` (trajectory id -> the user's public replies, as the agent received them): a span that the user
+      also *said*. A simulator that copies well writes the same sentence in its reasoning and in its utterance
+      ("my stance is 6 because i take the bus every day"), and the agent then legitimately reads it;
+    - the agent's own prompt (``prompt_ids``, when the trajectory has them): a span the agent was shown before
+      the user said anything. The user's task and the agent's prompt share public text (TurtleGym's surface
+      story, a Travel request), and a simulator whose reasoning repeats that text reveals nothing.
+
+    Where the trajectory has its turns, only what the environment fed the agent (each turn's ``env_ids``,
+    decoded one observation at a time) is searched, not the agent's own tokens: a span the agent *wrote*
+    reached no agent input (two tiny models that both loop on "a big empty need a big empty …" matched
+    there). A bare stream (``ids`` only) is searched whole. The leak this check exists for is withheld
+    text that reaches the agent by any other way."""
+    out = []
     for t in trajs:
         said = " \n ".join((public or {}).get(t.traj_id, []))
+        prompt_ids = getattr(t, "prompt_ids", None)
+        shown = tokenizer.decode(prompt_ids, skip_special_tokens=False) if prompt_ids else ""
         secrets = [line.strip() for s in privileged.get(t.traj_id, []) for line in s.split("\n")
-                   if len(line.strip()) >= MIN_LEAK_CHARS and line.strip() not in said]
+                   if len(line.strip()) >= MIN_LEAK_CHARS and line.strip() not in said
+                   and line.strip() not in shown]
         if secrets:
-            seen = tokenizer.decode(t.ids, skip_special_tokens=False)
-            leaks += any(s in seen for s in secrets)
-    return leaks
+            turns = getattr(t, "turns", None)
+            seen = (tokenizer.decode(t.ids, skip_special_tokens=False) if turns is None else
+                    "\n".join(tokenizer.decode(x.env_ids, skip_special_tokens=False) for x in turns))
+            hit = next((s for s in secrets if s in seen), None)
+            if hit is not None:
+                out.append((t.traj_id, hit))
+    return out
+
+
+def privacy_leaks(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str]],
+                  public: dict[str, list[str]] | None = None) -> int:
+    """The number of trajectories whose agent-visible stream contains a withheld span of their episode
+    (:func:`leaked_spans`, which says what counts as public)."""
+    return len(leaked_spans(tokenizer, trajs, privileged, public))
+
+
+def leak_message(leaks: list[tuple[str, str]]) -> str:
+    """What a :class:`PrivacyError` says: how many, and the first trajectory with the start of its span."""
+    tid, span = leaks[0]
+    return f"simulator reasoning found in {len(leaks)} agent input(s); first: {tid}: {span[:80]!r}"
 
 
 @dataclass
@@ -179,9 +209,9 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
             privileged[tid] = []
         shim.delete(tid)
         u.close()
-    leaks = privacy_leaks(tokenizer, trajs, privileged, replies)
+    leaks = leaked_spans(tokenizer, trajs, privileged, replies)
     if leaks:
-        raise PrivacyError(f"step {step + 1}: simulator reasoning found in {leaks} agent input(s)")
+        raise PrivacyError(f"step {step + 1}: {leak_message(leaks)}")
     after = shim.stats()
     user_stats = {k: float(after.get(k, 0) - before.get(k, 0)) for k in USER_STAT_KEYS}
     if cfg.user.think_format and user_server is not None:

@@ -176,11 +176,13 @@ def job_main(run: Callable[[str, Any], Any], phases: Sequence[str], prog: str, d
 
     from mimesis_lab.config import ConfigError, load_params
     from mimesis_lab.models import ModelLoadError
+    from mimesis_lab.rollout.agent_env import PrivacyError
     from mimesis_lab.tokenizer import TokenizerLoadError
     from mimesis_lab.train.checkpoint import ResumeError
     from mimesis_lab.train.data import DataError
 
-    clear = (ConfigError, DataError, ResumeError, TrainConfigError, ModelLoadError, TokenizerLoadError)
+    # PrivacyError too: the rollouts are seeded, so a resumed run meets the same leak again (a retry only costs time)
+    clear = (ConfigError, DataError, ResumeError, TrainConfigError, ModelLoadError, TokenizerLoadError, PrivacyError)
     try:
         params = load_params(args.params)
         if getattr(params, args.phase, None) is None:
