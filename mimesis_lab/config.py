@@ -467,10 +467,12 @@ class AgentUserParams(Section):
         "`user/format_speculative`. 1 = one at a time.")
     think_format: bool = Field(
         False, description="Decode the simulator's replies under the `<think>reasoning</think>utterance` grammar "
-        "(kind `simulator`, or an `openai` server that is ours: mimesis_lab.rollout.think_guide): the model writes "
-        "every token, the grammar only masks what the format forbids and closes a think block that would leave no "
-        "room for the utterance. Counted per step as `user/guided_replies`, `user/guided_tokens` and "
-        "`user/guided_forced_close`. Off = the raw model, format failures and resamples as they come.")
+        "(mimesis_lab.rollout.think_guide): the model writes every token, the grammar only masks what the format "
+        "forbids and closes a think block that would leave no room for the utterance. Kind `simulator`: counted per "
+        "step as `user/guided_replies`, `user/guided_tokens` and `user/guided_forced_close`. Kind `openai`: sent as "
+        "the request field `think_format`, which our server (`python -m mimesis_lab.rollout.serve`) honours and "
+        "other servers ignore (`user/format_failures` then shows the raw model's failures). Off = the raw model, "
+        "format failures and resamples as they come.")
 
 
 class AgentGRPOParams(RLPhaseParams):
