@@ -201,3 +201,69 @@ def test_sampling_body_sends_think_format_only_when_set():
 
     assert "think_format" not in sampling_body("m", SamplingParams())
     assert sampling_body("m", SamplingParams(think_format=True))["think_format"] is True
+
+
+# ------------------------------------------------------------------------- an RL step's user side, end to end
+
+class _AskingAgent:
+    """A scripted agent (backend double) that asks the user every turn, tokenised like a model's output."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def generate_ids(self, prompts, params):
+        from mimesis_lab.rollout.backends import Generation
+
+        out = []
+        for p in prompts:
+            ids = self.tok.encode("[action] What matters most to you?", add_special_tokens=False) + [
+                self.tok.eos_token_id]
+            out.append(Generation(list(p), ids, [-1.0] * len(ids), self.tok.decode(ids), "stop"))
+        return out
+
+
+@pytest.mark.parametrize("think_format", [False, True])
+def test_an_rl_step_with_an_untrained_simulator_has_no_invalid_episode_when_guided(tmp_path, think_format):
+    """collect_episodes on TravelGym with a random tiny simulator served in-process (kind `simulator`, behind the
+    real shim): decoding freely, its replies carry no reasoning; under the grammar every reply has reasoning and
+    an utterance, no episode is invalid, and the step reports the server's guided_* counters."""
+    import random
+
+    from mimesis_lab.config import load_params
+    from mimesis_lab.envs.gyms.registry import MODULES, load_tasks
+    from mimesis_lab.rollout.agent_env import SERVER_STAT_KEYS, collect_episodes, start_user_side
+    from mimesis_lab.tokenizer import train_tokenizer
+
+    tasks = {"travel": load_tasks("travel")}
+    rows = MODULES["travel"].build_rows(tasks["travel"], "train")
+    tok = train_tokenizer([m["content"] for r in rows for m in r["prompt"]] + ["<think>cheap</think>yes"],
+                          vocab_size=600, min_frequency=1)
+    sim_dir = tmp_path / "sim"
+    build_tiny_model(CFG, len(tok), tok.pad_token_id, tok.eos_token_id).save_pretrained(sim_dir)
+    tok.save_pretrained(sim_dir)
+    base = load_params("params.yaml").agent_grpo
+    cfg = base.model_copy(update={
+        "prompts_per_step": 2, "rollouts_per_prompt": 2, "gyms": {"travel": 1.0},
+        "user": base.user.model_copy(update={"kind": "simulator", "model_path": str(sim_dir), "max_new_tokens": 12,
+                                             "format_retries": 0, "think_format": think_format}),
+        "rollout": base.rollout.model_copy(update={"max_turns": 2})})
+    server, shim, model = start_user_side(cfg.user, max_episodes=8)
+    try:
+        batch = collect_episodes(cfg, 0, 0, 1, {"travel": rows}, tasks, shim, model, _AskingAgent(tok), tok,
+                                 user_server=server)
+    finally:
+        shim.stop()
+        server.stop()
+    assert len(batch.trajs) == 4
+    replies = sum(len(batch.replies[t.traj_id]) for t in batch.trajs)
+    assert replies >= 4
+    if think_format:
+        assert [t.invalid for t in batch.trajs] == [None] * 4
+        assert batch.user_stats["format_failures"] == 0
+        assert set(SERVER_STAT_KEYS) <= set(batch.user_stats)
+        assert batch.user_stats["guided_requests"] == replies and batch.user_stats["guided_replies"] == replies
+        assert all(r for t in batch.trajs for r in batch.replies[t.traj_id])       # every user reply has text
+        assert all(z for t in batch.trajs for z in batch.privileged[t.traj_id])    # and reasoning behind it
+    else:   # the shim takes a reply without think tags as a plain utterance: no reasoning for a coach
+        assert sum(bool(z) for t in batch.trajs for z in batch.privileged[t.traj_id]) <= 1
+        assert not set(SERVER_STAT_KEYS) & set(batch.user_stats)
