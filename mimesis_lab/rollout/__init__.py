@@ -7,6 +7,10 @@
   user over an OpenAI-compatible endpoint.
 - :mod:`.shim` — the privileged shim (SPEC §3.3.1) that keeps the simulator's reasoning from the agent.
 - :mod:`.serve` — a minimal OpenAI-compatible server for a local model (the tiny profile's ``vllm serve``).
+- :mod:`.think_guide` — format-guided decoding (``SamplingParams.think_format``): the grammar that keeps a
+  simulator reply ``<think>reasoning</think>utterance``, for the user side of the gyms.
+- :mod:`.agent_env` — the agent's environment for training and evaluation: gym rows, the user side behind the
+  shim, one RL step's episodes, the leak check.
 
 :mod:`mimesis_lab.rollout.backends` turns chat prompts (or token-id prompts) into
 :class:`~mimesis_lab.rollout.backends.Generation` records — generated token ids, their
