@@ -33,7 +33,10 @@ MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic 
 
 
 class PrivacyError(RuntimeError):
-    """The simulator's private reasoning reached an agent input."""
+    """The simulator's private reasoning reached an agent input. Deterministic for seeded rollouts, so a job
+    stops with the clear-error status and is not retried (:func:`mimesis_lab.train.runtime.job_main`)."""
+
+    clear_job_error = True
 
 
 def load_gym_rows(path: str | Path, skipped: dict[str, int] | None = None) -> list[dict[str, Any]]:

@@ -176,19 +176,21 @@ def job_main(run: Callable[[str, Any], Any], phases: Sequence[str], prog: str, d
 
     from mimesis_lab.config import ConfigError, load_params
     from mimesis_lab.models import ModelLoadError
-    from mimesis_lab.rollout.agent_env import PrivacyError
     from mimesis_lab.tokenizer import TokenizerLoadError
     from mimesis_lab.train.checkpoint import ResumeError
     from mimesis_lab.train.data import DataError
 
-    # PrivacyError too: the rollouts are seeded, so a resumed run meets the same leak again (a retry only costs time)
-    clear = (ConfigError, DataError, ResumeError, TrainConfigError, ModelLoadError, TokenizerLoadError, PrivacyError)
+    clear = (ConfigError, DataError, ResumeError, TrainConfigError, ModelLoadError, TokenizerLoadError)
     try:
         params = load_params(args.params)
         if getattr(params, args.phase, None) is None:
             raise TrainConfigError(f"params has no `{args.phase}` section")
         run(args.phase, params)
-    except clear as e:
+    except Exception as e:
+        # an error class may declare itself deterministic (``clear_job_error = True``, e.g. the agent jobs'
+        # PrivacyError: seeded rollouts meet the same leak on a resumed run, so a retry only costs time)
+        if not isinstance(e, clear) and not getattr(e, "clear_job_error", False):
+            raise
         rank = os.environ.get("RANK", "0")
         print(f"error: [{args.phase} rank {rank}] {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 2
