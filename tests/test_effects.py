@@ -254,3 +254,21 @@ def test_sim_rl_gain_carries_the_sft_copy_diagnosis_when_it_fails():
     ok = eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=SIM_RL, sft={"copy_induction_acc": 0.9}))
     assert ok["sim_rl_reward_gain"]["passed"] and "diagnosis" not in ok["sim_rl_reward_gain"]
     assert "diagnosis" not in eff.compute_effects(eff.EffectInputs(sim_rl_rollouts=fail))["sim_rl_reward_gain"]
+
+
+def test_agent_effects_say_how_much_the_format_grammar_steered_the_training_user():
+    # two steps: 10 + 6 user replies, the grammar overrode the model in 7 + 5 of them and closed 3 + 1 blocks
+    steps = [{"kind": "train", "step": 1, "metrics": {"user/guided_requests": 10.0, "user/guided_replies": 7.0,
+                                                       "user/guided_forced_close": 3.0}},
+             {"kind": "train", "step": 2, "metrics": {"user/guided_requests": 6.0, "user/guided_replies": 5.0,
+                                                       "user/guided_forced_close": 1.0}}]
+    note = eff.user_guidance(steps)
+    assert "12 of 16 replies (75%)" in note and "closed 4 think blocks" in note
+    assert eff.user_guidance([{"kind": "train", "metrics": {"reward/mean": 0.1}}]) is None   # a free user
+    assert eff.user_guidance(None) is None
+    out = eff.compute_effects(eff.EffectInputs(agent_rollouts=AGENT_ROLLOUTS, train_gyms=["travel"], grpo_steps=steps))
+    for name in ("grpo_vs_warm_start_train", "grpo_vs_warm_start_heldout", "csd_vs_grpo"):
+        assert note in out[name]["diagnosis"], name
+    assert "diagnosis" not in out["user_matters"]
+    free = eff.compute_effects(eff.EffectInputs(agent_rollouts=AGENT_ROLLOUTS, train_gyms=["travel"]))
+    assert "diagnosis" not in free["grpo_vs_warm_start_train"]

@@ -12,7 +12,9 @@ from mimesis_lab.config import ModelParams
 from mimesis_lab.envs.output_format import parse_reply
 from mimesis_lab.models import build_tiny_model
 from mimesis_lab.rollout import SamplingParams, TransformersBackend
-from mimesis_lab.rollout.think_guide import FIRST, OPEN, THINK, UTTER, ThinkGuide, ThinkTokens, utterance_reserve
+from mimesis_lab.rollout.think_guide import (
+    DONE, FIRST, OPEN, THINK, UTTER, ThinkGuide, ThinkTokens, utterance_reserve,
+)
 
 # A 10-token vocabulary: 0 <think>, 1 </think>, 2 <|im_end|> (the stop token), 3 <|im_start|> (special),
 # 4 " " (whitespace only), 5..9 words.
@@ -93,6 +95,10 @@ def test_a_model_that_follows_the_format_is_never_overridden():
         assert masked[0, tok] == raw[0, tok]          # the kept token's logit is untouched
         g.advance(0, tok)
     assert g.guided == [0] and g.forced_close == [False]
+    # a finished row that stays in the batch (no KV pruning) is left alone: its padding steps count nothing
+    assert g.state == [DONE]
+    x = g.mask(_logits_preferring(OPEN_ID), [0], step=len(path))
+    assert _allowed(x) == set(range(10)) and g.guided == [0]
 
 
 def test_rows_are_independent_and_addressed_through_the_alive_list():

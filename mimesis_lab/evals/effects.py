@@ -422,14 +422,42 @@ class EffectInputs:
     agent_summary: dict | None = None
     agent_rollouts: list | None = None
     csd_steps: list | None = None
+    grpo_steps: list | None = None
     sims: dict = field(default_factory=lambda: {"trained": "mimesis", "sft": "sft", "base": "base"})
     agents: dict = field(default_factory=lambda: {"agent_sft": "base", "agent_grpo": "grpo", "agent_csd": "csd"})
     train_gyms: list | None = None
     identical: dict = field(default_factory=dict)
 
 
+def user_guidance(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """What the format grammar did to the training user over an agent RL run (``user/guided_*`` of its
+    ``metrics.jsonl``, :mod:`mimesis_lab.rollout.think_guide`), as a sentence for the report, or ``None`` when the
+    user decoded freely. Agent effects are read knowing how much of the environment was the grammar."""
+    tot = {k: 0.0 for k in ("guided_requests", "guided_replies", "guided_forced_close")}
+    for r in steps or []:
+        m = r.get("metrics") or {}
+        for k in tot:
+            v = m.get(f"user/{k}")
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                tot[k] += v
+    n = int(tot["guided_requests"])
+    if n <= 0:
+        return None
+    over, closed = int(tot["guided_replies"]), int(tot["guided_forced_close"])
+    return (f"the training user decoded under the format grammar (agent_rl.user.think_format): it overrode the "
+            f"simulator's most likely token in {over} of {n} replies ({100 * over / n:.0f}%) and closed {closed} "
+            f"think blocks for lack of room (agent_grpo)")
+
+
+def _with_note(e: dict, note: str | None) -> dict:
+    if note:
+        e["diagnosis"] = f"{e['diagnosis']}; {note}" if e.get("diagnosis") else note
+    return e
+
+
 def compute_effects(x: EffectInputs) -> dict[str, dict]:
-    """Every effect of :data:`PHASE_OF`, in that order (each with its ``phase``)."""
+    """Every effect of :data:`PHASE_OF`, in that order (each with its ``phase``); the agent effects carry
+    :func:`user_guidance` as their diagnosis when the training user was guided."""
     same = x.identical
     warm, grpo, csd = (x.agents.get(k) for k in ("agent_sft", "agent_grpo", "agent_csd"))
     gyms_all = sorted({r["gym"] for r in x.agent_rollouts or []})
@@ -458,8 +486,11 @@ def compute_effects(x: EffectInputs) -> dict[str, dict]:
                                 same_as=same.get("agent_csd")),
         "rank_spread": rank_spread(x.agent_summary),
     }
+    guided = user_guidance(x.grpo_steps)
     for k, e in out.items():
         e["phase"] = PHASE_OF[k]
+        if k in ("grpo_vs_warm_start_train", "grpo_vs_warm_start_heldout", "csd_vs_grpo"):
+            _with_note(e, guided)
     return out
 
 
@@ -494,6 +525,7 @@ def _json(path: Path) -> dict | None:
 
 def load_inputs(*, midtrain: str | Path, sft: str | Path, sim_rl_dir: str | Path, sim_eval_dir: str | Path,
                 agent_eval_dir: str | Path, csd_metrics: str | Path, checkpoints: Mapping[str, str | Path],
+                grpo_metrics: str | Path | None = None,
                 sims: Mapping[str, str], agents: Mapping[str, str], train_gyms: Sequence[str] | None,
                 pairs: Sequence[tuple[str, str]] = (("sim_rl", "sft"), ("agent_grpo", "agent_sft"),
                                                     ("agent_csd", "agent_grpo"))) -> tuple[EffectInputs, dict]:
@@ -512,6 +544,7 @@ def load_inputs(*, midtrain: str | Path, sft: str | Path, sim_rl_dir: str | Path
         sim_records={k: v for k, v in recs.items() if v is not None} or None,
         agent_summary=_json(Path(agent_eval_dir) / "summary.json"),
         agent_rollouts=read_jsonl(Path(agent_eval_dir) / "rollouts.jsonl"),
-        csd_steps=read_jsonl(csd_metrics), sims=dict(sims), agents=dict(agents),
+        csd_steps=read_jsonl(csd_metrics), grpo_steps=read_jsonl(grpo_metrics) if grpo_metrics else None,
+        sims=dict(sims), agents=dict(agents),
         train_gyms=list(train_gyms) if train_gyms is not None else None, identical=identical)
     return x, sha

@@ -231,6 +231,7 @@ class TransformersBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self._think_tokens = None      # the think_format grammar's token sets, built on first use
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
@@ -406,7 +407,9 @@ class TransformersBackend:
         if params.think_format:
             from mimesis_lab.rollout.think_guide import ThinkGuide, think_tokens
 
-            guide = ThinkGuide(think_tokens(self.tokenizer), n, params.max_new_tokens, frozenset(stop))
+            if self._think_tokens is None:
+                self._think_tokens = think_tokens(self.tokenizer)     # once per backend (decodes the vocabulary)
+            guide = ThinkGuide(self._think_tokens, n, params.max_new_tokens, frozenset(stop))
         for step in range(params.max_new_tokens):
             if guide is not None:
                 guide.mask(logits, alive, step)

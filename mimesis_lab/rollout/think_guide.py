@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["OPEN", "THINK", "FIRST", "UTTER", "ThinkTokens", "ThinkGuide", "think_tokens", "utterance_reserve"]
+__all__ = ["OPEN", "THINK", "FIRST", "UTTER", "DONE", "ThinkTokens", "ThinkGuide", "think_tokens", "utterance_reserve"]
 
-OPEN, THINK, FIRST, UTTER = 0, 1, 2, 3
+OPEN, THINK, FIRST, UTTER, DONE = 0, 1, 2, 3, 4     # DONE: the row wrote its end of turn (left alone)
 
 
 def utterance_reserve(max_new_tokens: int) -> int:
@@ -52,15 +52,10 @@ class ThinkTokens:
     blank: frozenset[int]
 
 
-_CACHE: dict[int, ThinkTokens] = {}
-
-
 def think_tokens(tokenizer) -> ThinkTokens:
-    """:class:`ThinkTokens` of ``tokenizer`` (cached per tokenizer object). Raises ``ValueError`` if ``<think>``
-    or ``</think>`` is not a single token of its vocabulary."""
-    key = id(tokenizer)
-    if key in _CACHE:
-        return _CACHE[key]
+    """:class:`ThinkTokens` of ``tokenizer`` (decodes the whole vocabulary once: a caller keeps the result, as
+    :class:`~mimesis_lab.rollout.backends.TransformersBackend` does per backend). Raises ``ValueError`` if
+    ``<think>`` or ``</think>`` is not a single token of its vocabulary."""
     ids = []
     for tag in ("<think>", "</think>"):
         i = tokenizer.convert_tokens_to_ids(tag)
@@ -73,8 +68,7 @@ def think_tokens(tokenizer) -> ThinkTokens:
     n = len(tokenizer)
     texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
     blank = frozenset(i for i, t in enumerate(texts) if not t.strip())
-    _CACHE[key] = ThinkTokens(ids[0], ids[1], frozenset(special), blank)
-    return _CACHE[key]
+    return ThinkTokens(ids[0], ids[1], frozenset(special), blank)
 
 
 @dataclass
@@ -130,6 +124,8 @@ class ThinkGuide:
         vocab = logits.shape[-1]
         for j, r in enumerate(rows):
             s = self.state[r]
+            if s == DONE:
+                continue
             if s == OPEN:
                 target = self.tokens.open_id
             elif s == THINK and left <= self.reserve:
@@ -154,3 +150,5 @@ class ThinkGuide:
             self.state[row] = FIRST
         elif s == FIRST:
             self.state[row] = UTTER
+        elif s == UTTER and token in self.stop_ids:
+            self.state[row] = DONE
