@@ -3,6 +3,7 @@ then on a real (random) tiny model through the transformers backend and the Open
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import httpx
 import pytest
@@ -247,7 +248,7 @@ def test_an_rl_step_with_an_untrained_simulator_has_no_invalid_episode_when_guid
     sim_dir = tmp_path / "sim"
     build_tiny_model(CFG, len(tok), tok.pad_token_id, tok.eos_token_id).save_pretrained(sim_dir)
     tok.save_pretrained(sim_dir)
-    base = load_params("params.yaml").agent_grpo
+    base = load_params(Path(__file__).resolve().parents[1] / "params.yaml").agent_grpo
     cfg = base.model_copy(update={
         "prompts_per_step": 2, "rollouts_per_prompt": 2, "gyms": {"travel": 1.0},
         "user": base.user.model_copy(update={"kind": "simulator", "model_path": str(sim_dir), "max_new_tokens": 12,
