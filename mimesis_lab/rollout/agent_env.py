@@ -109,11 +109,12 @@ def leaked_spans(tokenizer, trajs: Sequence[Any], privileged: dict[str, list[str
     out = []
     for t in trajs:
         said = " \n ".join((public or {}).get(t.traj_id, []))
+        lines = (line.strip() for s in privileged.get(t.traj_id, []) for line in s.split("\n"))
+        secrets = [x for x in lines if len(x) >= MIN_LEAK_CHARS and x not in said]
         prompt_ids = getattr(t, "prompt_ids", None)
-        shown = tokenizer.decode(prompt_ids, skip_special_tokens=False) if prompt_ids else ""
-        secrets = [line.strip() for s in privileged.get(t.traj_id, []) for line in s.split("\n")
-                   if len(line.strip()) >= MIN_LEAK_CHARS and line.strip() not in said
-                   and line.strip() not in shown]
+        if secrets and prompt_ids:      # the prompt is decoded only when something is left to look for
+            shown = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+            secrets = [x for x in secrets if x not in shown]
         if secrets:
             turns = getattr(t, "turns", None)
             seen = (tokenizer.decode(t.ids, skip_special_tokens=False) if turns is None else
