@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mimesis_lab import code_deps
-from mimesis_lab.code_deps import check, code_identity, module_files, stage_code_deps, stage_modules
+from mimesis_lab.code_deps import (CODE_STAGE, check, code_identity, fingerprint, fingerprint_path, module_files,
+                                   stage_code_deps, stage_files, stage_modules, write, write_fingerprints)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,5 +50,76 @@ def test_training_stage_depends_on_its_job_module():
 
 
 def test_dvc_yaml_code_deps_follow_the_rule():
-    # run `python -m mimesis_lab.code_deps --write` after changing imports
+    # run `python -m mimesis_lab.code_deps --write` after adding a stage
     assert check(ROOT / "dvc.yaml") == []
+
+
+def test_fingerprint_lists_every_file_of_the_stage_with_its_sha256(tmp_path):
+    import hashlib
+
+    root = _package(tmp_path)
+    text = fingerprint("python -m mimesis_lab.a", root)
+    a = (root / "mimesis_lab" / "a.py").read_bytes()
+    assert text.splitlines() == [f"{hashlib.sha256((root / p).read_bytes()).hexdigest()}  {p}" for p in
+                                 ("mimesis_lab/__init__.py", "mimesis_lab/a.py", "mimesis_lab/b.py")]
+    assert hashlib.sha256(a).hexdigest() in text
+    # the project's stages: the fingerprint covers the same files as the collapsed dep list
+    cmd = "python -m flows.train --phases agent_csd"
+    listed = [line.split("  ", 1)[1] for line in fingerprint(cmd, ROOT).splitlines()]
+    assert listed == [str(f.relative_to(ROOT)) for f in stage_files(cmd, ROOT)]
+    covered = {d for d in stage_code_deps(cmd, ROOT)}
+    assert all(p in covered or any(p.startswith(d + "/") for d in covered) for p in listed)
+
+
+DVC = """# a pipeline
+stages:
+  a:
+    cmd: python -m mimesis_lab.a
+    deps:
+      - data/in.txt
+      - mimesis_lab/a.py
+    outs:
+      - data/a.txt
+  c:
+    cmd: python -m mimesis_lab.c
+    outs:
+      - data/c.txt
+"""
+
+
+def test_write_gives_each_stage_its_fingerprint_and_check_flags_drift(tmp_path):
+    import yaml
+
+    root = _package(tmp_path)
+    dvc = root / "dvc.yaml"
+    dvc.write_text(DVC)
+    assert check(dvc) == [f"{CODE_STAGE}: missing (run `python -m mimesis_lab.code_deps --write`)"]
+    write(dvc)
+    stages = yaml.safe_load(dvc.read_text())["stages"]
+    assert list(stages) == [CODE_STAGE, "a", "c"] and check(dvc) == []
+    assert stages["a"]["deps"] == ["data/in.txt", fingerprint_path("a")]     # source files give way
+    assert stages["c"]["deps"] == [fingerprint_path("c")]                     # a stage without deps gets one
+    assert stages[CODE_STAGE]["deps"] == ["mimesis_lab", "flows", "stages"]
+    assert [next(iter(o)) for o in stages[CODE_STAGE]["outs"]] == [fingerprint_path("a"), fingerprint_path("c")]
+    assert dvc.read_text().startswith("# a pipeline\nstages:\n")              # comments kept
+    before = dvc.read_text()
+    write(dvc)
+    assert dvc.read_text() == before                                          # idempotent
+    # drift: a stage naming a source file again, or losing its fingerprint
+    dvc.write_text(before.replace("      - data/code/c.txt\n", "      - mimesis_lab/c.py\n"))
+    assert [p.split(":")[0] for p in check(dvc)] == ["c"]
+
+
+def test_fingerprints_change_only_for_stages_importing_the_edit(tmp_path):
+    root = _package(tmp_path)
+    dvc = root / "dvc.yaml"
+    dvc.write_text(DVC)
+    write(dvc)
+    assert write_fingerprints(dvc) == ["a", "c"]                 # first run: all written
+    assert write_fingerprints(dvc) == []                         # nothing changed: files left alone
+    (root / "mimesis_lab" / "b.py").write_text("def g():\n    return 3\n")   # a imports b, c does not
+    code_deps._closure.cache_clear()
+    assert write_fingerprints(dvc) == ["a"]
+    (root / "mimesis_lab" / "__init__.py").write_text("# every module's package\n")
+    code_deps._closure.cache_clear()
+    assert write_fingerprints(dvc) == ["a", "c"]

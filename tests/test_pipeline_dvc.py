@@ -2,7 +2,8 @@
 
 Checks the DVC contract of the data stages (run up to ``validate``): a full run succeeds, every stage's metrics hold
 `rows_in == rows_out + rows_quarantined`, a second `dvc repro` is a no-op in <= 8 s (best of 3),
-changing one stage's params re-runs only that stage and its dependants, and every stage
+changing one stage's params re-runs only that stage and its dependants, an edit of one stage's source re-runs only
+that stage (code fingerprints, :mod:`mimesis_lab.code_deps`), and every stage
 run is recorded in the project's MLflow store with params, counts and provenance.
 """
 from __future__ import annotations
@@ -93,6 +94,22 @@ def test_second_repro_is_a_fast_noop(project):
     # clean-clone CI run sharing its 2 cores with another test run. A stage that ran fails _ran above; the bound
     # catches a no-op gone slow (one that re-hashes every output, say).
     assert dt <= 8.0, f"no-op dvc repro took {times} s"
+
+
+def test_source_edit_reruns_only_the_stages_importing_it(project):
+    """Code deps reach DVC as one fingerprint per stage (data/code/<stage>.txt, written by the `code` stage):
+    an edit of stages/gyms.py re-runs `gyms` alone (its outputs are unchanged, so `validate` is not re-run), and
+    the fingerprint names the file with its new hash."""
+    import hashlib
+
+    path = project / "stages" / "gyms.py"
+    path.write_text(path.read_text() + "\n# an edit that changes no output\n")
+    out, _ = _repro(project, "validate")
+    assert "Running stage 'code'" in out and _ran(out) == {"gyms"}, out
+    assert f"{hashlib.sha256(path.read_bytes()).hexdigest()}  stages/gyms.py" in \
+        (project / "data" / "code" / "gyms.txt").read_text()
+    out, _ = _repro(project, "validate")
+    assert "Running stage" not in out, out
 
 
 @pytest.mark.long
