@@ -18,7 +18,8 @@ Two parts (both by default; ``--pieces-only`` / ``--run-only`` pick one):
    '%s %s\\n' "$(date +%s)" "$l"; done | tee repro.log``). A plain log is refused with that advice, or,
    with ``--mtimes``, timed approximately by the mtimes of each stage's outputs (``dvc.lock``; the first
    stage's wall time then unknown). Per stage: wall time (from ``Running stage`` to the next), the stage's
-   own work (data stages: the ``work`` they log; training stages: the job's ``final.wall_time_s`` in
+   own work (the ``code`` stage, which writes the code fingerprints DVC compares: none, it is all overhead;
+   data stages: the ``work`` they log; training stages: the job's ``final.wall_time_s`` in
    ``models/<phase>/metrics.jsonl`` plus the flow's evaluation of the final model, ``final_eval_wall_time_s``
    in ``metrics/<phase>.json`` (midtrain's unigram baseline, sft's format check); evaluation stages: the flow run's body, from ``Beginning flow run`` to
    ``Finished in state``, by the line prefixes or Prefect's own time of day), and overhead = wall − work;
@@ -44,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from mimesis_lab.code_deps import CODE_STAGE  # noqa: E402
 
 FLOW_CODE = """
 from prefect import flow
@@ -224,6 +227,8 @@ def analyse(log: Path, project: Path, mtimes: bool = False) -> dict:
             summary = project / "metrics" / f"{s['stage']}.json"   # + the flow's evaluation of the final model
             if work is not None and summary.is_file():
                 work += json.loads(summary.read_text()).get("final_eval_wall_time_s") or 0.0
+        elif s["stage"] == CODE_STAGE:
+            work = 0.0        # writing the code fingerprints for DVC is orchestration: all of its wall time counts
         elif work is None and s["flow_begin"] is not None and s["flow_end"] is not None:
             work = (s["flow_end"] - s["flow_begin"]) % 86400      # a time of day may wrap at midnight
         rows.append({"stage": s["stage"], "wall_s": wall, "work_s": work,
