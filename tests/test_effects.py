@@ -86,6 +86,30 @@ def test_sim_rl_reward_gain_over_windows():
     assert eff.sim_rl_reward_gain(None, [_roll(1, 0.5, source="usersim_tom")])["missing_reason"]
 
 
+def _lab(step, b, raw, ex, g):
+    return {**_roll(step, raw), "labels": {"behavior": b}, "components": {"exhibit": ex}, "group_id": g}
+
+
+def test_sim_rl_gain_breakdown_separates_task_mix_from_learning():
+    # first window {1,2}: one N (0.9) and three B5 (0.2, exhibit 0); last {5,6}: three N, two B5 (0.3/0.5, 0.2/0)
+    rolls = ([_lab(1, "N", 0.9, 1.0, "a"), _lab(1, "B5", 0.2, 0.0, "b"), _lab(2, "B5", 0.2, 0.0, "c"),
+              _lab(2, "B5", 0.2, 0.0, "c")] + [_lab(s, "N", 0.5, 1.0, f"m{s}") for s in (3, 4)]
+             + [_lab(5, "N", 0.9, 1.0, "d"), _lab(5, "N", 0.9, 1.0, "d"), _lab(6, "N", 0.9, 1.0, "e"),
+                _lab(6, "B5", 0.3, 0.5, "f"), _lab(6, "B5", 0.2, 0.0, "f")])
+    e = eff.sim_rl_reward_gain(None, rolls)
+    # raw windows: (0.9 + 0.6) / 4 = 0.375 -> 3.2 / 5 = 0.64, mostly because the last window drew more N tasks
+    assert e["value"] == pytest.approx(0.265)
+    # at the first window's mix (N 1, B5 3): (1 * 0 + 3 * (0.25 - 0.2)) / 4
+    assert e["mix_adjusted"] == pytest.approx(0.0375) and e["mix_adjusted_labels"] == 2
+    assert e["neutral_share"] == pytest.approx([0.25, 0.6]) and e["behavior_exhibit"] == pytest.approx([0.0, 0.25])
+    # B groups with more than one rollout: (2, c) all 0, (6, f) 0.5 vs 0 -> half can teach the behaviour
+    assert e["groups_with_exhibit_variance"] == pytest.approx(0.5) and e["behavior_groups"] == 2
+    note = eff._behaviour_note({**e, "passed": False})
+    assert "+0.037" in note and "0.250 -> 0.600" in note and "0.000 -> 0.250" in note and "50% of their 2 groups" in note
+    assert eff._behaviour_note(e | {"passed": True}) is None
+    assert "mix_adjusted" not in eff.sim_rl_reward_gain(None, SIM_RL)         # no labels: no breakdown
+
+
 def test_sim_rl_format_failure_end():
     e = eff.sim_rl_format_failure_end(None, SIM_RL)
     # last window {5, 6}: 4 behaviour + 1 ToM valid rollouts, one with a format failure

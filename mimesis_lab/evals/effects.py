@@ -234,7 +234,8 @@ def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequ
             ci = [float(x) for x in np.quantile(reps, [0.025, 0.975])]
         return make_effect(value, ci, target, value >= 0.1 and ci is not None and ci[0] > 0, unit="reward",
                            n=len(a) + len(b), ci_unit="rollout", first=sum(a) / len(a), last=sum(b) / len(b),
-                           first_steps=sorted(first), last_steps=sorted(last), reward="raw judged score")
+                           first_steps=sorted(first), last_steps=sorted(last), reward="raw judged score",
+                           **behaviour_breakdown(vals, first, last))
     pts = [(int(r["step"]), (r.get("metrics") or {}).get(f"reward/task/{task}")) for r in steps or []
            if r.get("kind") == "train"]
     pts = [(s, float(v)) for s, v in pts if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -244,6 +245,65 @@ def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequ
         return make_effect(b - a, None, target, False, unit="reward", n=len(pts), ci_note="no rollouts.jsonl: no CI",
                            first=a, last=b)
     return missing(target, f"no {task} rollouts in models/sim_rl (rollouts.jsonl / metrics.jsonl)", unit="reward")
+
+
+def behaviour_breakdown(vals: Sequence[Mapping[str, Any]], first: set[int], last: set[int]) -> dict[str, Any]:
+    """What moves :func:`sim_rl_reward_gain` (rollouts of the behaviour task with ``labels.behavior``): the
+    window means mix neutral tasks (N, a cooperative customer: judged near 1) with behaviour tasks (B1-B13:
+    near 0.25 unless the behaviour is enacted), so a window that drew more N tasks scores higher without any
+    learning. Returns ``mix_adjusted`` (per behaviour label, last − first window mean, weighted by the first
+    window's label counts: the gain at a fixed task mix), ``neutral_share`` and ``behavior_exhibit`` (mean judged
+    ``exhibit`` of the B rollouts) per window, and ``groups_with_exhibit_variance`` (share of B-task GRPO groups
+    whose rollouts differ in ``exhibit``: the only groups whose advantages can teach the behaviour); ``{}``
+    without labels."""
+    lab = [(int(r["step"]), (r.get("labels") or {}).get("behavior"), float(r["raw"]),
+            (r.get("components") or {}).get("exhibit"), r.get("group_id")) for r in vals]
+    if not lab or any(x[1] is None for x in lab):
+        return {}
+
+    def window(steps: set[int]) -> dict[str, list[float]]:
+        by: dict[str, list[float]] = {}
+        for st, b, raw, _, _ in lab:
+            if st in steps:
+                by.setdefault(b, []).append(raw)
+        return by
+
+    fa, la = window(first), window(last)
+    both = [b for b in fa if b in la]
+    w = sum(len(fa[b]) for b in both)
+    adj = (sum(len(fa[b]) * (_mean(la[b]) - _mean(fa[b])) for b in both) / w) if w else None
+
+    def exhibit(steps: set[int]) -> float | None:
+        xs = [float(e) for st, b, _, e, _ in lab if st in steps and b != "N" and isinstance(e, (int, float))]
+        return _mean(xs) if xs else None
+
+    groups: dict[tuple, list[float]] = {}
+    for st, b, _, e, g in lab:
+        if b != "N" and isinstance(e, (int, float)):
+            groups.setdefault((st, g), []).append(float(e))
+    multi = [v for v in groups.values() if len(v) > 1]
+    n_first, n_last = sum(len(v) for v in fa.values()), sum(len(v) for v in la.values())
+    return {"mix_adjusted": adj, "mix_adjusted_labels": len(both),
+            "neutral_share": [len(fa.get("N", [])) / n_first if n_first else None,
+                              len(la.get("N", [])) / n_last if n_last else None],
+            "behavior_exhibit": [exhibit(first), exhibit(last)],
+            "groups_with_exhibit_variance": (sum(1 for v in multi if max(v) - min(v) > 1e-9) / len(multi)
+                                             if multi else None), "behavior_groups": len(multi)}
+
+
+def _behaviour_note(e: dict) -> str | None:
+    """A failed :func:`sim_rl_reward_gain` in words, from :func:`behaviour_breakdown`'s fields."""
+    if e.get("passed") or e.get("mix_adjusted") is None:
+        return None
+    ns, ex, gv = e["neutral_share"], e["behavior_exhibit"], e.get("groups_with_exhibit_variance")
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    note = (f"at the first window's task mix the gain is {e['mix_adjusted']:+.3f} (neutral tasks "
+            f"{fmt(ns[0])} -> {fmt(ns[1])} of the rollouts); the judged exhibit of the behaviour tasks went "
+            f"{fmt(ex[0])} -> {fmt(ex[1])}")
+    if gv is not None:
+        note += (f", and {100 * gv:.0f}% of their {e['behavior_groups']} groups differ in exhibit (the rest give "
+                 f"the behaviour no advantage to learn from)")
+    return note
 
 
 def sim_rl_format_failure_end(steps: Sequence[Mapping[str, Any]] | None,
@@ -455,6 +515,10 @@ def _with_note(e: dict, note: str | None) -> dict:
     return e
 
 
+def _with_behaviour_note(e: dict) -> dict:
+    return _with_note(e, _behaviour_note(e))
+
+
 def compute_effects(x: EffectInputs) -> dict[str, dict]:
     """Every effect of :data:`PHASE_OF`, in that order (each with its ``phase``); the agent effects carry
     :func:`user_guidance` as their diagnosis when the training user was guided."""
@@ -468,9 +532,9 @@ def compute_effects(x: EffectInputs) -> dict[str, dict]:
         "midtrain_loss_ratio": midtrain_loss_ratio(x.midtrain),
         "midtrain_vs_unigram": midtrain_vs_unigram(x.midtrain),
         "sft_format_rate": sft_format_rate(x.sft),
-        "sim_rl_reward_gain": _with_copy_diagnosis(
+        "sim_rl_reward_gain": _with_behaviour_note(_with_copy_diagnosis(
             _flag_identical(sim_rl_reward_gain(x.sim_rl_steps, x.sim_rl_rollouts), same.get("sim_rl"), "sim_rl"),
-            x.sft),
+            x.sft)),
         "sim_rl_format_failure_end": sim_rl_format_failure_end(x.sim_rl_steps, x.sim_rl_rollouts),
         "sim_eval_vs_sft": sim_eval_vs(x.sim_records, t, s, "behavior", same.get("sim_rl")),
         "sim_eval_vs_sft_fi": sim_eval_vs(x.sim_records, t, s, "fi", same.get("sim_rl")),
