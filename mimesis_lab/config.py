@@ -362,10 +362,6 @@ class TrainParams(Section):
         "`</think>` and `<think>` at every target token past the reply's `</think>`, a token sum normalised like "
         "the CE. It targets the tiny model's main format failure, a second `</think>` after an utterance that "
         "repeats its reasoning (in-context copying carries the tag along); 0 = off.")
-    format_unlikelihood_unclosed: float = Field(
-        0.0, ge=0, description="Weight of the same term for the other format failure, a reply that ends inside "
-        "its reasoning: -log(1 - p) of the end-of-turn token (`<|im_end|>`, eos) at every target token before "
-        "the reply's `</think>`; needs format_unlikelihood > 0; 0 = off.")
     induction_rehearsal: float = Field(
         0.0, ge=0, description="Weight of an induction-task loss (mimesis_lab.models.induction_loss: random spans "
         "repeated after a gap) added to every optimizer step, so fine-tuning keeps the in-context copying that "

@@ -47,18 +47,3 @@ def test_unlikelihood_term_by_hand():
     assert ul.item() == pytest.approx(uniform + at4, rel=1e-5)
     s2, c2 = forward_ce(_Engine(table), [row], 5, 0, "padding", torch.float32)
     assert s2.item() == pytest.approx(s.item()) and int(c2) == 4
-
-
-def test_unclosed_term_by_hand():
-    """`format_unlikelihood_unclosed`: p(end of turn) before the reply's </think>, where ending leaves it open."""
-    vocab, END = 10, 2
-    table = torch.zeros(vocab, vocab)
-    table[OPEN, END] = math.log(3.0)    # after <think>: p(end) = 3 / 12 = 0.25
-    row = PackedRow(input_ids=[1, 8, 9, 4, 2], labels=[8, 9, 4, 2, X], position_ids=list(range(5)), seq_lens=[5])
-    s, c, ul, ul_open = forward_ce(_Engine(table), [row], 5, 0, "padding", torch.float32, (CLOSE, CLOSE, OPEN),
-                                   (END,))
-    # before the close: targets at positions 0 (input 1: uniform, p(end) = 0.1) and 1 (input <think>: 0.25);
-    # positions 2 and 3 (past the close, where the turn does end) are not penalised for ending
-    assert ul_open.item() == pytest.approx(-math.log(1 - 0.1) - math.log(1 - 0.25), rel=1e-5)
-    s1, c1, ul1 = forward_ce(_Engine(table), [row], 5, 0, "padding", torch.float32, (CLOSE, CLOSE, OPEN))
-    assert (s.item(), int(c), ul.item()) == pytest.approx((s1.item(), int(c1), ul1.item()))

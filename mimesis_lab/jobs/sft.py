@@ -69,15 +69,12 @@ def after_close_mask(input_ids: torch.Tensor, labels: torch.Tensor, close_id: in
 
 
 def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype,
-               unlikely: tuple[int, ...] | None = None,
-               unclosed: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               unlikely: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum of token cross-entropies over the target tokens, their count)`` of a micro-batch.
     ``mask_mode="padding"`` (grouped batching) pads only to the longest row of the micro-batch.
     ``unlikely`` = ``(close_id, *ids)``: also the format unlikelihood term (Welleck et al., 2020),
     ``-sum log(1 - p(id))`` over ``ids`` at every target position past the reply's ``close_id``
-    (:func:`after_close_mask`), returned as a third value; with ``unclosed`` (end-of-turn ids, needs
-    ``unlikely``) also ``-sum log(1 - p(id))`` over those ids at every target position *before* it (inside the
-    reasoning, where ending the turn leaves the think block unclosed), a fourth value."""
+    (:func:`after_close_mask`), returned as a third value."""
     width = max(len(r) for r in rows) if mask_mode == "padding" else max_len
     batch = collate(rows, width, pad_id, mask=mask_mode, dtype=dtype)
     labels = batch.pop("labels").to(engine.device)
@@ -89,11 +86,7 @@ def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype,
     where = after_close_mask(batch["input_ids"], labels, unlikely[0])
     probs = torch.softmax(out.logits[where].float(), dim=-1)[:, list(unlikely[1:])]
     ul = -torch.log1p(-probs.clamp(max=1 - 1e-6)).sum()
-    if unclosed is None:
-        return s, c, ul
-    before = (labels != IGNORE_INDEX) & ~where
-    probs = torch.softmax(out.logits[before].float(), dim=-1)[:, list(unclosed)]
-    return s, c, ul, -torch.log1p(-probs.clamp(max=1 - 1e-6)).sum()
+    return s, c, ul
 
 
 def rehearsal_loss(engine, cfg, step: int, rank: int, world: int, vocab: int) -> tuple[torch.Tensor, float]:
@@ -188,15 +181,6 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
         if any(not isinstance(t, int) or t < 0 or t == tokenizer.unk_token_id for t in tags):
             raise TrainConfigError(f"{phase}.format_unlikelihood needs <think> and </think> tokens in the tokenizer")
         unlikely = (tags[0], tags[0], tags[1])
-    unclosed = None
-    if cfg.format_unlikelihood_unclosed > 0:    # ending the turn inside the reasoning leaves <think> unclosed
-        if unlikely is None:
-            raise TrainConfigError(f"{phase}.format_unlikelihood_unclosed needs format_unlikelihood > 0")
-        ends = sorted({t for t in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
-                       if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id})
-        if not ends:
-            raise TrainConfigError(f"{phase}.format_unlikelihood_unclosed needs an end-of-turn token")
-        unclosed = tuple(ends)
     clock.lap("engine")
     zero_stage = engine.zero_optimization_stage()
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else torch.float32
@@ -284,19 +268,16 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
             local = 0.0
             gn = None
             ind = None
-            ul_sum = ul_open_sum = 0.0
+            ul_sum = 0.0
             micro_batches = list(plan.micro_batches(step, rank))
             for k, idx in enumerate(micro_batches):
                 res = forward_ce(engine, [train_rows[i] for u in idx for i in units[u]], cfg.max_len, pad_id,
-                                 mask_mode, dtype, unlikely, unclosed)
+                                 mask_mode, dtype, unlikely)
                 s = res[0]
                 obj = s * (world / n_tgt)
                 if unlikely is not None:       # a token-sum like the CE: the same normalisation
                     obj = obj + cfg.format_unlikelihood * res[2] * (world / n_tgt)
                     ul_sum += float(res[2].detach())
-                if unclosed is not None:
-                    obj = obj + cfg.format_unlikelihood_unclosed * res[3] * (world / n_tgt)
-                    ul_open_sum += float(res[3].detach())
                 if cfg.induction_rehearsal > 0 and k == len(micro_batches) - 1:   # once per optimizer step, on its last micro
                     term, ind = rehearsal_loss(engine, cfg, step, rank, world, vocab)
                     obj = obj + cfg.induction_rehearsal * term
@@ -328,8 +309,6 @@ def train_sft(phase: str, params: Any) -> dict[str, Any] | None:
                     rec["induction_loss"] = ind
                 if unlikely is not None:
                     rec["format_unlikelihood"] = all_reduce([ul_sum])[0] / n_tgt
-                if unclosed is not None:
-                    rec["format_unlikelihood_unclosed"] = all_reduce([ul_open_sum])[0] / n_tgt
                 log.write(rec, {"train_loss": loss, "lr": lr, "grad_norm": gn, "tokens_per_s": n_tok / dt,
                                 "step_time_s": dt, "epoch": rec["epoch"]})
                 say(rank, prog.line({"loss": round(loss, 4), "lr": lr, "gn": gn if gn is None else round(gn, 3),
