@@ -262,6 +262,7 @@ def test_an_rl_step_with_an_untrained_simulator_has_no_invalid_episode_when_guid
         shim.stop()
         server.stop()
     assert len(batch.trajs) == 4
+    assert batch.user_stats["batches"] >= 1 and batch.user_stats["round_wait_capped"] == 0   # always reported
     replies = sum(len(batch.replies[t.traj_id]) for t in batch.trajs)
     assert replies >= 4
     if think_format:

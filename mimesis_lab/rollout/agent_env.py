@@ -29,6 +29,10 @@ __all__ = ["PrivacyError", "MIN_LEAK_CHARS", "load_gym_rows", "start_user_side",
 USER_STAT_KEYS = ("format_failures", "format_resamples", "format_recovered", "format_speculative")
 #: in-process simulator server counters reported per step with ``user.think_format`` (``user/<key>``)
 SERVER_STAT_KEYS = ("guided_requests", "guided_replies", "guided_tokens", "guided_forced_close")
+#: The in-process server's batching counters, reported per step: a batch that stopped waiting for a round's
+#: slow step (``round_wait_capped``) has another composition than an uncapped run's, and a reply sampled in
+#: another batch can differ by float noise (README, reproducibility)
+BATCH_STAT_KEYS = ("batches", "round_batches", "round_wait_capped")
 MIN_LEAK_CHARS = 24     # reasoning fragments shorter than this are too generic to count as a leak
 
 
@@ -149,7 +153,8 @@ class EpisodeBatch:
     rollout_time_s: float
     #: this rank's shim counters over the step: ``format_failures`` (replies kept malformed),
     #: ``format_resamples`` and ``format_recovered`` (``user.format_retries``); with ``user.think_format`` the
-    #: in-process server's ``guided_*`` counters (:data:`SERVER_STAT_KEYS`)
+    #: in-process server's ``guided_*`` counters (:data:`SERVER_STAT_KEYS`); with an in-process server its
+    #: batching counters (:data:`BATCH_STAT_KEYS`)
     user_stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -218,7 +223,8 @@ def collect_episodes(cfg: Any, step: int, rank: int, world: int, rows_by_gym: di
         raise PrivacyError(f"step {step + 1}: {leak_message(leaks)}")
     after = shim.stats()
     user_stats = {k: float(after.get(k, 0) - before.get(k, 0)) for k in USER_STAT_KEYS}
-    if cfg.user.think_format and user_server is not None:
+    if user_server is not None:
         server_after = user_server.stats()
-        user_stats |= {k: float(server_after.get(k, 0) - server_before.get(k, 0)) for k in SERVER_STAT_KEYS}
+        keys = BATCH_STAT_KEYS + (SERVER_STAT_KEYS if cfg.user.think_format else ())
+        user_stats |= {k: float(server_after.get(k, 0) - server_before.get(k, 0)) for k in keys}
     return EpisodeBatch(trajs, privileged, replies, t_roll, user_stats)
