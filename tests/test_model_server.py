@@ -501,3 +501,19 @@ def test_shim_answers_within_its_timeout_and_before_its_client():
     finally:
         shim.stop()
         up.stop()
+
+
+def test_batch_order_is_by_seed_then_prompt_never_by_arrival():
+    """A gathered batch is generated in a fixed order, so a seeded run does not depend on which request's thread
+    arrived first (mimesis_lab.rollout.serve.batch_order)."""
+    from itertools import permutations
+
+    from mimesis_lab.rollout.backends import SamplingParams
+    from mimesis_lab.rollout.serve import _Request, batch_order
+
+    reqs = [_Request([3, 4], SamplingParams(seed=5)), _Request([1], SamplingParams(seed=None)),
+            _Request([9, 9], SamplingParams(seed=2)), _Request([1, 2], SamplingParams(seed=2)),
+            _Request([7], SamplingParams(seed=-3))]
+    want = [reqs[4], reqs[3], reqs[2], reqs[0], reqs[1]]          # -3; 2 ([1, 2] < [9, 9]); 5; unseeded last
+    for arrival in permutations(reqs):
+        assert [id(r) for r in batch_order(list(arrival))] == [id(r) for r in want]

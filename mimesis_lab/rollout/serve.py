@@ -38,7 +38,8 @@ until every step of it that is still running has its request queued (a step that
 leaves the count), for at most ``round_wait_ms`` after the first request, instead of the arrival
 windows: a round's user turns reach one generation call however their arrivals spread, and a lone
 request of a round (a format resample after the others finished) is generated at once, without
-waiting out a window. Each request samples with its own ``seed``
+waiting out a window. A batch is generated in a fixed order (:func:`batch_order`: by seed, then
+prompt), not in arrival order, so seeded runs do not depend on thread timing. Each request samples with its own ``seed``
 (passed per row, not ``seed + row``), so a seeded or greedy request gets the same tokens
 whichever requests shared its batch, up to the floating-point noise of left padding (tested:
 greedy and seeded results batched == alone); a request without ``seed`` draws from the global
@@ -74,8 +75,8 @@ from typing import Any, Callable
 from mimesis_lab.envs.output_format import END_TOKENS
 from mimesis_lab.rollout.backends import Generation, SamplingParams, TransformersBackend, _render_chat
 
-__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "UserRound", "MAX_JSON_DEPTH",
-           "BATCH_WAIT_MS", "MAX_BATCH_WAIT_MS", "ROUND_WAIT_MS", "main"]
+__all__ = ["HTTPError", "JSONHandler", "BackgroundHTTPServer", "ModelServer", "UserRound", "batch_order",
+           "MAX_JSON_DEPTH", "BATCH_WAIT_MS", "MAX_BATCH_WAIT_MS", "ROUND_WAIT_MS", "main"]
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -504,6 +505,15 @@ class UserRound:
         return step
 
 
+def batch_order(reqs: list[_Request]) -> list[_Request]:
+    """The order a gathered batch is generated in: by seed (unseeded last), then prompt ids, never by arrival.
+    Arrival order follows thread timing (a loaded machine reorders a round's requests), and a row's tokens can
+    depend on its place in the batch (rows leave the batch as they finish, which changes the shapes the others
+    are computed in): measured, one agent_grpo run on an idle machine and one beside a busy process parted at
+    step 19 of 24 in arrival order, and gave identical weights in this order."""
+    return sorted(reqs, key=lambda r: (r.params.seed is None, r.params.seed or 0, r.ids))
+
+
 _STOP = object()      # the generation thread's stop sentinel
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)     # what torch.Generator.manual_seed accepts
 
@@ -683,6 +693,7 @@ class ModelServer(BackgroundHTTPServer):
                 break
             batch, stopping = self._gather(first)
             groups: dict[tuple, list[_Request]] = {}
+            batch = batch_order(batch)
             for r in batch:
                 groups.setdefault(r.key, []).append(r)
             for reqs in groups.values():
