@@ -137,12 +137,18 @@ def stage_modules(cmd: str) -> list[str]:
     return mods
 
 
-def stage_code_deps(cmd: str, root: Path = ROOT) -> list[str]:
-    """The code deps of a stage: the files of :func:`stage_modules`, relative to ``root``, with a
-    folder listed instead of its files when every ``.py`` file under it is needed."""
+def stage_files(cmd: str, root: Path = ROOT) -> list[Path]:
+    """Every project source file of :func:`stage_modules` (no folder collapsing), sorted."""
     files: set[Path] = set()
     for mod in stage_modules(cmd):
         files.update(module_files(mod, root))
+    return sorted(files)
+
+
+def stage_code_deps(cmd: str, root: Path = ROOT) -> list[str]:
+    """The files of :func:`stage_files`, relative to ``root``, with a folder listed instead of its files when
+    every ``.py`` file under it is needed: the compact view of what a stage's fingerprint covers."""
+    files = set(stage_files(cmd, root))
     out: list[str] = []
     covered: set[Path] = set()
 
@@ -166,14 +172,6 @@ def stage_code_deps(cmd: str, root: Path = ROOT) -> list[str]:
             covered.add(f)
             out.append(str(f.relative_to(root)))
     return sorted(set(out))
-
-
-def stage_files(cmd: str, root: Path = ROOT) -> list[Path]:
-    """Every project source file of :func:`stage_modules` (no folder collapsing), sorted."""
-    files: set[Path] = set()
-    for mod in stage_modules(cmd):
-        files.update(module_files(mod, root))
-    return sorted(files)
 
 
 def fingerprint(cmd: str, root: Path = ROOT) -> str:

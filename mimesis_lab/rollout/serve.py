@@ -693,8 +693,7 @@ class ModelServer(BackgroundHTTPServer):
                 break
             batch, stopping = self._gather(first)
             groups: dict[tuple, list[_Request]] = {}
-            batch = batch_order(batch)
-            for r in batch:
+            for r in batch_order(batch):
                 groups.setdefault(r.key, []).append(r)
             for reqs in groups.values():
                 self._run_group(reqs)
