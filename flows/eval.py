@@ -38,7 +38,6 @@ from flows.crashed import claim_flow_run  # noqa: E402
 from flows.prefect_api import shared_server  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import Params, flatten, load_params, phase_params  # noqa: E402
-from mimesis_lab.train.alloc import tune_process  # noqa: E402
 
 EVAL_PHASES = ("sim_eval", "agent_eval", "report")
 
@@ -322,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", nargs="+", default=list(EVAL_PHASES), choices=list(FLOWS))
     ap.add_argument("--params", default="params.yaml")
     args = ap.parse_args(argv)
-    tune_process()              # the evaluations generate in this process (mimesis_lab/train/alloc.py)
     with shared_server():       # one Prefect API server for the whole dvc repro (flows/prefect_api.py)
         for phase in [p for p in EVAL_PHASES if p in args.phases]:
             FLOWS[phase](params_path=args.params)

@@ -38,7 +38,6 @@ from flows.crashed import claim_flow_run  # noqa: E402
 from flows.prefect_api import shared_server  # noqa: E402
 from mimesis_lab import tracking  # noqa: E402
 from mimesis_lab.config import flatten, load_params, phase_params  # noqa: E402
-from mimesis_lab.train.alloc import tune_process  # noqa: E402
 
 PHASES = ("midtrain", "sft", "agent_sft", "sim_rl", "agent_grpo", "agent_csd")
 REGISTERED_MODEL = "mimesis-simulator"
@@ -275,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--world-size", type=int, default=None, help="override the phases' world_size")
     args = ap.parse_args(argv)
-    tune_process()   # the final model's evaluation runs in this process; the jobs get it by job_env
     try:   # the first job imports while the Prefect server is reached and the flow run and MLflow runs are made
         prestart_first_job(load_params(args.params), args.params, args.phases, args.world_size)
     except Exception as e:  # noqa: BLE001 - bad params: the flow run reports them

@@ -2,8 +2,8 @@
 
 :func:`launch` builds the command line (:func:`build_command`), picks a free ``MASTER_PORT``,
 sets the job environment (:func:`job_env`: ``DS_ACCELERATOR=cpu`` without CUDA for the ``deepspeed``
-runner, ``OMP_NUM_THREADS = cores // world_size`` so ranks do not oversubscribe the CPU, glibc's malloc
-settings of :mod:`mimesis_lab.train.alloc`, the project on ``PYTHONPATH``), streams the job's combined output line by line (echoed, kept as a tail,
+runner, ``OMP_NUM_THREADS = cores // world_size`` so ranks do not oversubscribe the CPU, the project
+on ``PYTHONPATH``), streams the job's combined output line by line (echoed, kept as a tail,
 optionally written to a log file), and turns a non-zero exit into :class:`LaunchError`
 carrying the last lines of the log.
 
@@ -47,7 +47,6 @@ __all__ = ["LaunchError", "PendingJob", "free_port", "build_command", "job_env",
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 from mimesis_lab.code_deps import JOB_MODULES  # noqa: E402  (phase -> recipe module name)
-from mimesis_lab.train.alloc import setdefault_env  # noqa: E402
 
 
 class LaunchError(subprocess.CalledProcessError):
@@ -125,7 +124,6 @@ def job_env(world_size: int, env: Mapping[str, str] | None = None, launcher: str
                     "MASTER_ADDR": "127.0.0.1"})
     out.setdefault("HF_HUB_OFFLINE", "1")
     out.setdefault("TRANSFORMERS_OFFLINE", "1")
-    setdefault_env(out)             # glibc malloc keeps freed memory: ~10% faster steps (train/alloc.py)
     out["PYTHONUNBUFFERED"] = "1"
     py_path = [str(PROJECT_ROOT)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
     out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(py_path))
