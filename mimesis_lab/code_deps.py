@@ -218,13 +218,15 @@ def _is_fingerprint(dep: str) -> bool:
 
 
 def _code_stage_block(stages: list[str]) -> list[str]:
-    """The ``code`` stage of dvc.yaml: the source packages in, one fingerprint per stage out."""
+    """The ``code`` stage of dvc.yaml: the source packages in, one fingerprint per stage out (``persist``: DVC
+    leaves the old fingerprints in place while the stage runs, so it reports the ones that changed)."""
     return [f"  {CODE_STAGE}:",
             "    # each stage's code fingerprint (mimesis_lab/code_deps.py): an edit re-runs the stages importing it",
             "    cmd: python -m mimesis_lab.code_deps --fingerprints",
             "    deps:", *(f"      - {p}" for p in PACKAGES),
             "    outs:", *(x for s in stages if s != CODE_STAGE for x in (f"      - {fingerprint_path(s)}:",
-                                                                          "          cache: false"))]
+                                                                          "          cache: false",
+                                                                          "          persist: true"))]
 
 
 def _outs(st: dict) -> set[str]:

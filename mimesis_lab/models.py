@@ -16,7 +16,9 @@ runs with ``HF_HUB_OFFLINE=1``).
 """
 from __future__ import annotations
 
+import inspect
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "induction_warmup",
     "induction_batch",
     "induction_loss",
+    "supports_logits_to_keep",
     "disable_dropout",
     "assert_no_dropout",
     "save_hf",
@@ -109,12 +112,31 @@ def induction_batch(g: torch.Generator, vocab: int, batch: int, *, min_span: int
     return torch.cat([x, noise, x], dim=1), s + gap
 
 
+def supports_logits_to_keep(model) -> bool:
+    """Whether ``model`` (or the module a DeepSpeed engine wraps) takes ``logits_to_keep`` (transformers' causal
+    LMs: the LM head then projects only the kept positions, the largest matmul of a small model)."""
+    return _forward_takes(type(getattr(model, "module", model)), "logits_to_keep")
+
+
+@lru_cache(maxsize=None)
+def _forward_takes(cls: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
 def induction_loss(model, seq: torch.Tensor, start: int) -> torch.Tensor:
     """Mean next-token cross-entropy on the repeat of :func:`induction_batch` after its first token (the only
-    tokens that copying predicts)."""
-    logits = model(input_ids=seq).logits
+    tokens that copying predicts); the logits of the other positions are not computed where the model can skip
+    them (:func:`supports_logits_to_keep`)."""
+    if supports_logits_to_keep(model):
+        keep = torch.arange(start, seq.shape[1] - 1, device=seq.device)
+        logits = model(input_ids=seq, logits_to_keep=keep).logits
+    else:
+        logits = model(input_ids=seq).logits[:, start:-1]
     vocab = logits.shape[-1]
-    return nn.functional.cross_entropy(logits[:, start:-1].reshape(-1, vocab).float(), seq[:, start + 1:].reshape(-1))
+    return nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), seq[:, start + 1:].reshape(-1))
 
 
 def induction_warmup(model, *, steps: int, lr: float = 3e-3, batch: int = 32, min_span: int = 8,

@@ -185,6 +185,16 @@ class CSD:
     def tokens(self, row: Any) -> int:
         return sum(len(r.teacher_positions) for r in self.step.rows.get(row.rollout_id, []))
 
+    def need(self, chunk_rows: Sequence[Any], mask: torch.Tensor) -> torch.Tensor:
+        """``[B, T-1]`` bool: where the chunk's student log-probs are read, the PPO ``mask`` and every coached
+        token (grid position ``p - 1`` of student position ``p``), for :func:`token_logprobs`' ``need``."""
+        grid = mask != 0
+        for j, row in enumerate(chunk_rows):
+            for r in (*self.step.rows.get(row.rollout_id, []), *self.step.placebo.get(row.rollout_id, [])):
+                for p in r.student_positions:
+                    grid[j, p - 1] = True
+        return grid
+
     @property
     def needs_cache(self) -> bool:
         """Whether csd_update hands over the student forward's KV cache (``batch["kv"]``)."""
@@ -263,10 +273,12 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
                 if k < len(chunks):
                     chunk_rows = [rows[i] for i in chunks[k]]
                     b = pad_update_rows(chunk_rows, pad_id, engine.device)
+                    need = csd.need(chunk_rows, b["mask"])
                     if csd.needs_cache:            # the teacher reuses the student's KV of the history
-                        logp, b["kv"] = token_logprobs(engine, b["input_ids"], b["attention_mask"], keep_cache=True)
+                        logp, b["kv"] = token_logprobs(engine, b["input_ids"], b["attention_mask"], keep_cache=True,
+                                                       need=need)
                     else:
-                        logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+                        logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], need=need)
                     ppo = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
                     stats.add(ppo, logp, b, cfg.clip_eps, first)
                     loss = ppo * (float(b["mask"].sum()) / n_tok) * world

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from mimesis_lab.models import supports_logits_to_keep
 from mimesis_lab.packing import IGNORE_INDEX, collate, masked_token_ce_sum
 from mimesis_lab.progress import Progress
 from mimesis_lab.train.checkpoint import (CHECKPOINTS, MARKER, ResumeError, checkpoint_at, clear_outputs,
@@ -79,12 +80,18 @@ def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype,
     batch = collate(rows, width, pad_id, mask=mask_mode, dtype=dtype)
     labels = batch.pop("labels").to(engine.device)
     batch = {k: v.to(engine.device) for k, v in batch.items()}
-    out = engine(**batch, use_cache=False)
-    s, c = masked_token_ce_sum(out.logits, labels)
+    target = labels != IGNORE_INDEX
+    if supports_logits_to_keep(engine):   # the LM head on the target positions only: [n_targets, vocab]
+        logits = engine(**batch, use_cache=False, logits_to_keep=target).logits
+        kept_labels = labels[target]
+    else:
+        logits, kept_labels = engine(**batch, use_cache=False).logits, labels
+    s, c = masked_token_ce_sum(logits, kept_labels)
     if unlikely is None:
         return s, c
     where = after_close_mask(batch["input_ids"], labels, unlikely[0])
-    probs = torch.softmax(out.logits[where].float(), dim=-1)[:, list(unlikely[1:])]
+    where = where[target] if logits.dim() == 2 else where
+    probs = torch.softmax(logits[where].float(), dim=-1)[:, list(unlikely[1:])]
     ul = -torch.log1p(-probs.clamp(max=1 - 1e-6)).sum()
     return s, c, ul
 

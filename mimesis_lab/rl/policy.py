@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
+from mimesis_lab.models import supports_logits_to_keep
+
 __all__ = ["UpdateRow", "segment_row", "trajectory_row", "tree_attention", "pad_update_rows", "token_logprobs", "cache_layers",
            "minibatch_indices", "minibatch_plan", "micro_chunks", "policy_state_dict"]
 
@@ -193,13 +195,18 @@ def _additive_mask(model, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   position_ids: torch.Tensor | None = None, cache: Any = None, keep_cache: bool = False):
+                   position_ids: torch.Tensor | None = None, cache: Any = None, keep_cache: bool = False,
+                   need: torch.Tensor | None = None):
     """``[B, T-1]`` log-probs of each next token under ``model`` (fp32 log-softmax).
 
     ``position_ids`` for left-padded rows (positions restart at each row's first real token) and
     prefix-tree rows; ``attention_mask`` 2D (padding) or a boolean 4D mask (:func:`pad_update_rows`);
     ``cache`` a KV cache of a prefix the rows continue; ``keep_cache=True`` also returns the
     forward's detached KV cache (:func:`cache_layers`) as ``(logp, layers)``.
+    ``need`` (``[B, T-1]``, nonzero where a log-prob is used, e.g. the loss mask): the LM head and the
+    log-softmax run on those positions only, where the model takes ``logits_to_keep``
+    (:func:`mimesis_lab.models.supports_logits_to_keep`); the other entries are 0. The same values
+    where needed: the vocabulary projection dominates a small model's forward over a long prompt.
     """
     if attention_mask.dim() == 4:
         attention_mask = _additive_mask(model, attention_mask)
@@ -208,9 +215,18 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         kw["position_ids"] = position_ids
     if cache is not None:
         kw["cache"] = cache
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=keep_cache, **kw)
-    logits = out.logits[:, :-1, :].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if need is not None and supports_logits_to_keep(model):
+        need = need != 0
+        keep = torch.nn.functional.pad(need, (0, 1))      # logits at t score token t + 1
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=keep_cache, logits_to_keep=keep,
+                    **kw)
+        picked = torch.log_softmax(out.logits.float(), dim=-1).gather(
+            -1, input_ids[:, 1:][need].unsqueeze(-1)).squeeze(-1)
+        logp = torch.zeros(need.shape, dtype=picked.dtype, device=picked.device).masked_scatter(need, picked)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=keep_cache, **kw)
+        logits = out.logits[:, :-1, :].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (logp, cache_layers(out.past_key_values)) if keep_cache else logp
 
 

@@ -101,7 +101,8 @@ def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, 
             for k in range(n_micro):
                 if k < len(chunks):
                     b = pad_update_rows([rows[i] for i in chunks[k]], pad_id, engine.device)
-                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], b.get("position_ids"))
+                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], b.get("position_ids"),
+                                          need=b["mask"])
                     loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
                     stats.add(loss, logp, b, cfg.clip_eps, first)
                     engine.backward(loss * (float(b["mask"].sum()) / n_tok) * world, scale_wrt_gas=False)
