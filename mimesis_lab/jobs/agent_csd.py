@@ -187,10 +187,11 @@ class CSD:
 
     def need(self, chunk_rows: Sequence[Any], mask: torch.Tensor) -> torch.Tensor:
         """``[B, T-1]`` bool: where the chunk's student log-probs are read, the PPO ``mask`` and every coached
-        token (grid position ``p - 1`` of student position ``p``), for :func:`token_logprobs`' ``need``."""
+        token (grid position ``p - 1`` of student position ``p``), for :func:`token_logprobs`' ``need``. A placebo
+        row is built only beside its coached row, at the same student positions, so the coached rows cover it."""
         grid = mask != 0
         for j, row in enumerate(chunk_rows):
-            for r in (*self.step.rows.get(row.rollout_id, []), *self.step.placebo.get(row.rollout_id, [])):
+            for r in self.step.rows.get(row.rollout_id, []):
                 for p in r.student_positions:
                     grid[j, p - 1] = True
         return grid

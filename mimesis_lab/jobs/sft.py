@@ -81,16 +81,16 @@ def forward_ce(engine, rows, max_len: int, pad_id: int, mask_mode: str, dtype,
     labels = batch.pop("labels").to(engine.device)
     batch = {k: v.to(engine.device) for k, v in batch.items()}
     target = labels != IGNORE_INDEX
-    if supports_logits_to_keep(engine):   # the LM head on the target positions only: [n_targets, vocab]
+    kept = supports_logits_to_keep(engine)
+    if kept:   # the LM head on the target positions only: logits [n_targets, vocab]
         logits = engine(**batch, use_cache=False, logits_to_keep=target).logits
-        kept_labels = labels[target]
     else:
-        logits, kept_labels = engine(**batch, use_cache=False).logits, labels
-    s, c = masked_token_ce_sum(logits, kept_labels)
+        logits = engine(**batch, use_cache=False).logits
+    s, c = masked_token_ce_sum(logits, labels[target] if kept else labels)
     if unlikely is None:
         return s, c
     where = after_close_mask(batch["input_ids"], labels, unlikely[0])
-    where = where[target] if logits.dim() == 2 else where
+    where = where[target] if kept else where
     probs = torch.softmax(logits[where].float(), dim=-1)[:, list(unlikely[1:])]
     ul = -torch.log1p(-probs.clamp(max=1 - 1e-6)).sum()
     return s, c, ul
