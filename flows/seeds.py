@@ -4,7 +4,8 @@ One ``dvc repro`` is one draw of every effect (:mod:`mimesis_lab.evals.seeds` sa
 For each seed this flow
 
 1. clones the committed project (``HEAD``) into ``<work_dir>/seed-<seed>`` (kept: a re-run of the flow resumes,
-   ``dvc repro`` skipping what is done), points the clone's DVC cache at this project's cache (the data stages'
+   ``dvc repro`` skipping what is done; at a later commit the clone is moved to it and only the stages the
+   change touched re-run), points the clone's DVC cache at this project's cache (the data stages'
    outputs come from it instead of being recomputed) and checks the outputs out;
 2. writes the clone's ``params.yaml`` with every training seed set to the chain's seed
    (:data:`~mimesis_lab.evals.seeds.SEED_KEYS`; also ``world.seed`` with ``vary_world``), and MLflow tracking
@@ -90,13 +91,16 @@ def chain_params(data: Mapping[str, Any], seed: int, *, vary_world: bool, root: 
 
 def prepare_chain(root: Path, dest: Path, commit: str, seed: int, *, vary_world: bool, experiment: str,
                   env: Mapping[str, str]) -> None:
-    """Clone ``commit`` into ``dest`` (or keep a clone already at it), share ``root``'s DVC cache, check the
+    """Clone ``commit`` into ``dest`` (or move an earlier clone to it, keeping its outputs), share ``root``'s DVC cache, check the
     outputs out and write the chain's ``params.yaml`` (validated)."""
     import yaml
 
-    if dest.exists() and (not (dest / ".git").exists() or _git(dest, "rev-parse", "HEAD") != commit):
+    if dest.exists() and not (dest / ".git").exists():
         shutil.rmtree(dest)
-    if not dest.exists():
+    if dest.exists():           # an earlier chain: move it to ``commit``, keeping its outputs (dvc repro then
+        _git(dest, "fetch", "--quiet", "origin")              # re-runs only what the change touched)
+        _git(dest, "checkout", "--quiet", "--force", "--detach", commit)
+    else:
         dest.parent.mkdir(parents=True, exist_ok=True)
         _git(root, "clone", "--quiet", "--shared", "--no-checkout", str(root), str(dest))
         _git(dest, "checkout", "--quiet", "--detach", commit)
@@ -191,8 +195,15 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
     if len(set(seeds)) != len(seeds) or (include_workspace and base_seed in seeds):
         raise ValueError(f"seeds must be distinct and differ from the workspace's ({base_seed}): {seeds}")
     chains = [workspace_chain(root, params_path)] if include_workspace else []
+    from prefect.concurrency.sync import concurrency
+
+    from flows.serve import TRAINING_LIMIT
+
     for s in seeds:
-        chains.append(run_chain(str(root), str(root / work_dir), s, commit, vary_world, experiment))
+        # A chain is training: it waits for the phase deployments' training slot where one exists (served
+        # deployments); without the limit (a plain CLI run) strict=False lets it go on.
+        with concurrency(TRAINING_LIMIT, occupy=1, strict=False):
+            chains.append(run_chain(str(root), str(root / work_dir), s, commit, vary_world, experiment))
     ok = {c["label"]: c["report"] for c in chains if c["status"] == "ok"}
     pooled = S.pool_effects(ok)
     same = S.identical_chains(ok)

@@ -4,6 +4,8 @@
 
 - ``pipeline/mimesis-pipeline``: ``dvc repro`` (optionally of some stages, optionally forced) in the
   project root — exactly what ``make pipeline`` runs, DVC caching included;
+- ``seeds/mimesis-seeds``: the whole chain re-run with other training seeds and its effects pooled over the
+  chains (:mod:`flows.seeds`; each chain holds the training concurrency limit while it runs);
 - ``phase/<phase>`` for every training and evaluation phase (``midtrain``, ``sft``, ``sim_rl``,
   ``agent_sft``, ``agent_grpo``, ``agent_csd``, ``sim_eval``, ``agent_eval``, ``report``) with typed
   parameters: ``profile`` (``tiny`` | ``paper``), ``steps``, ``seed``, ``alpha`` (CSD) and free
@@ -178,6 +180,12 @@ def deployments() -> list[Any]:
     """The RunnerDeployments served by :func:`main` (one per phase + the pipeline)."""
     deps = [pipeline_flow.to_deployment(name="mimesis-pipeline", concurrency_limit=1, tags=["mimesis", "pipeline"],
                                         description="dvc repro of the whole pipeline (cached stages skipped).")]
+    from flows.seeds import seeds_flow
+
+    deps.append(seeds_flow.to_deployment(
+        name="mimesis-seeds", concurrency_limit=1, tags=["mimesis", "seeds"],
+        description="The whole chain re-run with other training seeds (clones of HEAD), effects pooled over chains: "
+                    "reports/seeds.md, metrics/seeds.json."))
     for phase in PHASES:
         deps.append(phase_flow.to_deployment(
             name=phase, parameters={"phase": phase}, concurrency_limit=1,

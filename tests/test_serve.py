@@ -56,7 +56,7 @@ def test_paper_profile_merges():
 
 def test_one_deployment_per_phase_and_the_pipeline():
     deps = {d.name: d for d in serve.deployments()}
-    assert set(deps) == {"mimesis-pipeline", *serve.PHASES}
+    assert set(deps) == {"mimesis-pipeline", "mimesis-seeds", *serve.PHASES}
     assert all(d.concurrency_limit == 1 for d in deps.values())
     assert deps["agent_csd"].parameters == {"phase": "agent_csd"} and "training" in deps["agent_csd"].tags
     assert "evaluation" in deps["report"].tags
