@@ -20,7 +20,10 @@ Two parts (both by default; ``--pieces-only`` / ``--run-only`` pick one):
    stage's wall time then unknown). Per stage: wall time (from ``Running stage`` to the next), the stage's
    own work (the ``code`` stage, which writes the code fingerprints DVC compares: none, it is all overhead;
    data stages: the ``work`` they log; training stages: the job's ``final.wall_time_s`` in
-   ``models/<phase>/metrics.jsonl`` plus the flow's evaluation of the final model, ``final_eval_wall_time_s``
+   ``models/<phase>/metrics.jsonl`` (from the job's opening — process group, fingerprint and resume check done —
+   to its export: tokenizer, model, DeepSpeed engine and data loading included, the same point for the SFT and
+   the RL jobs; before this commit the RL jobs counted from their first step, so their model and engine loading
+   and the user side's start were counted as overhead) plus the flow's evaluation of the final model, ``final_eval_wall_time_s``
    in ``metrics/<phase>.json`` (midtrain's unigram baseline, sft's format check); evaluation stages: the flow run's body, from ``Beginning flow run`` to
    ``Finished in state``, by the line prefixes or Prefect's own time of day), and overhead = wall − work;
    in total, the overhead share of the run.

@@ -99,7 +99,14 @@ def prepare_chain(root: Path, dest: Path, commit: str, seed: int, *, vary_world:
         shutil.rmtree(dest)
     if dest.exists():           # an earlier chain: move it to ``commit``, keeping its outputs (dvc repro then
         _git(dest, "fetch", "--quiet", "origin")              # re-runs only what the change touched)
+        # The chain's own dvc.lock, metrics and reports are tracked files of the commit (its outputs differ from
+        # the commit's, the workspace run's): kept across the checkout, or DVC would see every stage as changed.
+        kept = {f: (dest / f).read_bytes() for f in _git(dest, "diff", "--name-only", "HEAD").splitlines()
+                if f != "params.yaml" and (dest / f).is_file()}
         _git(dest, "checkout", "--quiet", "--force", "--detach", commit)
+        for f, data in kept.items():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            (dest / f).write_bytes(data)
     else:
         dest.parent.mkdir(parents=True, exist_ok=True)
         _git(root, "clone", "--quiet", "--shared", "--no-checkout", str(root), str(dest))
@@ -239,6 +246,21 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
     return out
 
 
+def repool(output: Path, report: Path) -> dict[str, Any]:
+    """Pool the chains recorded in ``output`` (``metrics/seeds.json``) again, without running any: rewrites its
+    pooled part and ``report`` (after a change of the pooling or of the report's layout)."""
+    out = json.loads(output.read_text(encoding="utf-8"))
+    chains = [dict(c, report={"effects": c.get("effects")}) if c.get("status") == "ok" else dict(c)
+              for c in out["chains"]]
+    ok = {c["label"]: c["report"] for c in chains if c["status"] == "ok"}
+    out["pooled"] = S.pool_effects(ok)
+    out["identical_chains"] = [list(p) for p in S.identical_chains(ok)]
+    _write(output, json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
+    _write(report, S.seeds_markdown(out["pooled"], chains, S.identical_chains(ok), commit=out.get("commit", ""),
+                                    vary_world=bool(out.get("vary_world"))))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="flows.seeds", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
@@ -248,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--experiment", default="mimesis-seeds")
     ap.add_argument("--allow-dirty", action="store_true")
+    ap.add_argument("--repool", action="store_true",
+                    help="run no chain: pool the chains recorded in metrics/seeds.json again and rewrite reports/seeds.md")
     args = ap.parse_args(argv)
+    if args.repool:
+        repool(ROOT / "metrics" / "seeds.json", ROOT / "reports" / "seeds.md")
+        return 0
     with shared_server():
         out = seeds_flow(seeds=args.seeds, vary_world=args.vary_world, include_workspace=not args.no_workspace,
                          work_dir=args.work_dir, params_path=args.params, experiment=args.experiment,

@@ -51,6 +51,16 @@ def test_every_effect_target_is_readable():
         assert S.check_target(e["target"], 0.0, [0.0, 0.0]) is not None, (name, e["target"])
 
 
+@pytest.mark.parametrize("target,ci,want", [
+    ("> 0", [0.01, 0.2], True), ("> 0", [-0.1, 0.2], False), ("> 0", [0.0, 0.2], False),
+    (">= 0.3", [0.3, 0.6], True), (">= 0.3", [0.2, 0.6], False),
+    ("<= 0.2", [0.1, 0.2], True), ("<= 0.2", [0.1, 0.21], False), ("< 0", [-2.4, -2.2], True),
+    ("> 0, CI excludes 0", [0.01, 0.2], True), ("> 0", None, False), ("about 1", [0, 1], None),
+])
+def test_clears_target_by_hand(target, ci, want):
+    assert S.clears_target(target, ci) is want
+
+
 # ----------------------------------------------------------------------------- t-interval
 def test_t_ci_by_hand():
     lo, hi = S.t_ci([1.0, 2.0, 3.0])            # mean 2, s 1, t(0.975, 2) = 4.303, half = 4.303 / sqrt(3)
@@ -83,6 +93,7 @@ def test_pool_effects_by_hand():
     assert f["ci"] == pytest.approx([0.9 - half, 0.9 + half])
     assert f["passed_in"] == 2 and f["n_chains"] == 3 and f["missing_in"] == []
     assert f["passed"] is True                                       # >= 0.9 on the mean 0.9
+    assert f["ci_clears_target"] is False                            # ... but the interval reaches 0.79
     assert f["per_chain"] == {"a": 0.8, "b": 1.0, "c": 0.9}
     assert f["passed_per_chain"] == {"a": False, "b": True, "c": True}
     assert f["min"] == 0.8 and f["max"] == 1.0 and f["ci_unit"].startswith("chain")
@@ -96,7 +107,7 @@ def test_pool_effects_ci_excludes_zero_on_chains():
     reps = {k: _rep(user_matters=(v, [v - 0.01, v + 0.01], "> 0, CI excludes 0", True))
             for k, v in {"a": 0.10, "b": 0.11, "c": 0.12}.items()}
     u = S.pool_effects(reps)["user_matters"]
-    assert u["ci"][0] > 0 and u["passed"] is True
+    assert u["ci"][0] > 0 and u["passed"] is True and u["ci_clears_target"] is True
 
 
 def test_identical_chains_flagged():
@@ -116,9 +127,9 @@ def test_seeds_markdown_rows():
               {"label": "s3", "seed": 3, "status": "failed", "reason": "dvc repro exited 1"}]
     md = S.seeds_markdown(S.pool_effects(reports), chains, [("s1", "s2")], commit="abcdef0123456789")
     assert "| `sft_format_rate` | 0.800 ✗ | 1.000 | 0.900 |" in md
-    assert "| 1 of 2 | PASS |" in md and "abcdef012345" in md
+    assert "| 1 of 2 | PASS (mean only) |" in md and "abcdef012345" in md   # t(1) interval: [-0.37, 2.17]
     assert "`s3`: failed: dvc repro exited 1" in md and "Identical chains" in md
-    assert "Pooled over 2 chains: 1 of 1 targets met." in md
+    assert "Pooled over 2 chains: 1 of 1 targets met, 0 of them with the whole interval" in md
 
 
 # ----------------------------------------------------------------------------- the chain's params
@@ -166,6 +177,8 @@ def test_prepare_chain_real_clone(tmp_path):
     assert Path(cache).resolve() == Path(want).resolve()
     marker = dest / "kept.txt"
     marker.write_text("x")
+    lock = dest / "dvc.lock"                      # the chain's own outputs: tracked files that differ from HEAD
+    lock.write_text(lock.read_text() + "# this chain's lock\n")
     prepare_chain(ROOT, dest, commit, 6, vary_world=False, experiment="e", env=env)
     assert marker.exists() and load_params(dest / "params.yaml").sim_rl.seed == 6
     # an earlier commit's clone is moved to the asked commit, its outputs (untracked files) kept
@@ -175,6 +188,7 @@ def test_prepare_chain_real_clone(tmp_path):
         pytest.skip("a shallow checkout: no parent commit to move the clone to")
     prepare_chain(ROOT, dest, parent, 7, vary_world=False, experiment="e", env=env)
     assert _git(dest, "rev-parse", "HEAD") == parent and marker.exists()
+    assert lock.read_text().endswith("# this chain's lock\n")     # not the commit's lock
     prepare_chain(ROOT, dest, commit, 8, vary_world=False, experiment="e", env=env)
     assert _git(dest, "rev-parse", "HEAD") == commit and load_params(dest / "params.yaml").sim_rl.seed == 8
 
@@ -193,3 +207,24 @@ def test_workspace_commit_refuses_modified_tracked_files(tmp_path):
     with pytest.raises(ChainError, match="a.txt"):
         workspace_commit(tmp_path)
     assert workspace_commit(tmp_path, allow_dirty=True) == head
+
+
+def test_repool_rewrites_pooled_and_report(tmp_path):
+    """``--repool``: the chains recorded in metrics/seeds.json pooled again, no chain run (a failed chain stays
+    listed, not pooled)."""
+    import json
+
+    from flows.seeds import repool
+
+    eff = lambda v: {"sft_format_rate": {"value": v, "ci": None, "target": ">= 0.9", "passed": v >= 0.9}}  # noqa: E731
+    rec = {"commit": "c0ffee", "vary_world": False, "pooled": {}, "identical_chains": [], "chains": [
+        {"label": "a", "seed": 1, "status": "ok", "wall_s": 1.0, "targets_met": [0, 1], "effects": eff(0.8)},
+        {"label": "b", "seed": 2, "status": "ok", "wall_s": 1.0, "targets_met": [1, 1], "effects": eff(1.0)},
+        {"label": "c", "seed": 3, "status": "failed", "reason": "boom", "effects": None}]}
+    out, md = tmp_path / "seeds.json", tmp_path / "seeds.md"
+    out.write_text(json.dumps(rec))
+    res = repool(out, md)
+    assert res["pooled"]["sft_format_rate"]["value"] == pytest.approx(0.9)
+    assert json.loads(out.read_text())["pooled"]["sft_format_rate"]["n_chains"] == 2
+    text = md.read_text()
+    assert "`c`: failed: boom" in text and "| 0.800 ✗ | 1.000 | 0.900 |" in text

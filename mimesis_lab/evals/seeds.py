@@ -13,6 +13,7 @@ Pure functions, no I/O:
   chain's seed; the world's too with ``vary_world``).
 - :func:`check_target`: a target string of :mod:`~mimesis_lab.evals.effects` (``>= 0.9``, ``> 0, CI excludes
   0``, ...) checked on a value and a CI, the same rule the single-run effects apply.
+- :func:`clears_target`: whether a whole interval meets a target (a pass of the mean alone is marked as such).
 - :func:`t_ci`: the 95% t-interval of a mean over chains (the unit is the chain: a whole re-run).
 - :func:`pool_effects`: per effect, every chain's value and verdict, their mean, the t-interval over chains,
   how many chains pass, and the pooled verdict (the target on the mean; ``CI excludes 0`` on the t-interval).
@@ -28,7 +29,8 @@ from typing import Any, Mapping, Sequence
 
 from mimesis_lab.evals.effects import PHASE_OF
 
-__all__ = ["SEED_KEYS", "WORLD_KEYS", "T975", "chain_overrides", "apply_overrides", "check_target", "t_ci",
+__all__ = ["SEED_KEYS", "WORLD_KEYS", "T975", "chain_overrides", "apply_overrides", "check_target", "clears_target",
+           "t_ci",
            "pool_effects", "identical_chains", "seeds_markdown"]
 
 #: The training seeds of the chain (``params.yaml`` as written: shared groups hold the phases' seeds):
@@ -106,6 +108,24 @@ def check_target(target: str, value: float | None, ci: Sequence[float] | None = 
     return bool(ok and all(c(ci) for c in checks))
 
 
+def clears_target(target: str, ci: Sequence[float] | None) -> bool | None:
+    """Whether the whole interval ``ci`` meets ``target``: its lower bound for ``>``/``>=`` targets, its upper
+    bound for ``<``/``<=`` (and any clause on ``ci``). ``None`` for an unreadable target; ``False`` without a CI.
+    A mean that meets its target while its interval straddles the threshold is a pass of the point estimate
+    only: another set of chains may well miss it.
+
+    >>> clears_target("> 0", [0.01, 0.2]), clears_target("> 0", [-0.1, 0.2]), clears_target("<= 0.2", [0.1, 0.19])
+    (True, False, True)
+    """
+    m = _COMPARE.match(target or "")
+    if not m:
+        return None
+    if ci is None:
+        return False if check_target(target, 0.0, None) is not None else None
+    bound = ci[0] if m.group(1) in (">", ">=") else ci[1]
+    return check_target(target, bound, ci)
+
+
 def t_ci(values: Sequence[float]) -> list[float] | None:
     """95% t-interval ``mean ± t(0.975, n-1) · s / √n`` of ``values`` (``None`` below 2 values). E.g. ``[1, 2,
     3]``: mean 2, s 1, t(2) 4.303 -> ``[2 - 2.484, 2 + 2.484]``."""
@@ -146,6 +166,7 @@ def pool_effects(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
         verdict = check_target(target, mean, ci)
         if missing and verdict:
             verdict = False
+        clears = bool(verdict and clears_target(target, ci))
         sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) >= 2 else None
         out[name] = {
             "phase": first.get("phase", PHASE_OF.get(name, "")), "target": target, "value": mean, "ci": ci,
@@ -153,7 +174,7 @@ def pool_effects(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
             "max": max(vals) if vals else None, "per_chain": per,
             "passed_per_chain": {lab: bool(e.get("passed")) if e else False for lab, e in entries.items()},
             "passed_in": sum(1 for e in entries.values() if e and e.get("passed")), "n_chains": len(reports),
-            "missing_in": missing, "passed": verdict}
+            "missing_in": missing, "passed": verdict, "ci_clears_target": clears}
     return out
 
 
@@ -177,8 +198,11 @@ def _f(v: Any, d: int = 3) -> str:
     return f"{v:.{d}f}" if _finite(v) else "–"
 
 
-def _verdict(v: bool | None) -> str:
-    return "PASS" if v else ("**FAIL**" if v is False else "unreadable target")
+def _verdict(e: Mapping[str, Any]) -> str:
+    v = e.get("passed")
+    if v:
+        return "PASS" if e.get("ci_clears_target") else "PASS (mean only)"
+    return "**FAIL**" if v is False else "unreadable target"
 
 
 def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Mapping[str, Any]],
@@ -193,7 +217,9 @@ def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Map
              + (f", at commit `{commit[:12]}`" if commit else "") + ". A single run's CIs resample its evaluation "
              "units; here the unit is the chain, so the interval includes the training's own randomness (t-interval, "
              "95%). The evaluation sets are the same in every chain unless the world varies. Pooled verdict: the "
-             "target on the mean (and `CI excludes 0` on the interval over chains); ✗ marks a chain that misses it.",
+             "target on the mean (and `CI excludes 0` on the interval over chains); `PASS (mean only)`: the mean "
+             "meets the target but the interval over chains straddles it, so the effect is not established; ✗ marks "
+             "a chain that misses it.",
              "", "| Chain | Seed | Status | Wall time (s) | Targets met |", "|---|---|---|---|---|"]
     for c in chains:
         met = c.get("targets_met")
@@ -203,7 +229,9 @@ def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Map
         lines += ["", f"- ⚠ **Identical chains:** `{a}` and `{b}` gave the same value for every effect: their seeds did "
                       "not change the run (one draw counted twice)."]
     n_pass = sum(1 for e in pooled.values() if e.get("passed"))
-    lines += ["", f"Pooled over {len(labels)} chains: {n_pass} of {len(pooled)} targets met.", "",
+    n_clear = sum(1 for e in pooled.values() if e.get("passed") and e.get("ci_clears_target"))
+    lines += ["", f"Pooled over {len(labels)} chains: {n_pass} of {len(pooled)} targets met, {n_clear} of them with "
+                  "the whole interval over chains on the target's side.", "",
               "| Phase | Effect | " + " | ".join(labels) + " | Mean | 95% CI (chains) | Target | Chains passing "
               "| Pooled |", "|---|---|" + "---|" * len(labels) + "---|---|---|---|---|"]
     for name, e in pooled.items():
@@ -214,7 +242,7 @@ def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Map
         ci = e.get("ci")
         ci_s = f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–"
         lines.append(f"| {e.get('phase', '')} | `{name}` | " + " | ".join(cells) + f" | {_f(e.get('value'))} | {ci_s} "
-                     f"| {e.get('target', '')} | {e['passed_in']} of {e['n_chains']} | {_verdict(e.get('passed'))} |")
+                     f"| {e.get('target', '')} | {e['passed_in']} of {e['n_chains']} | {_verdict(e)} |")
     failed = [c for c in chains if c.get("status") != "ok"]
     if failed:
         lines += ["", "Chains that did not finish (not pooled):"]

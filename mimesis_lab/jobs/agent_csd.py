@@ -338,7 +338,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
                 "csd_beta": cfg.csd.beta, "coach": cfg.csd.coach.kind, "coach_style": cfg.csd.coach.style,
                 "placebo": cfg.csd.placebo}
 
-        run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW)
+        run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
         step = run.start(resume, info)
         while step < cfg.steps:
             t0 = time.perf_counter()

@@ -126,7 +126,7 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
         info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "skipped_rows": skipped, "user": cfg.user.kind,
                 "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit}
 
-        run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW)
+        run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
         step = run.start(resume, info)
         while step < cfg.steps:
             t0 = time.perf_counter()

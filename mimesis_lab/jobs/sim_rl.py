@@ -90,7 +90,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     info = {"judge": cfg.judge.kind, "invalid_policy": cfg.invalid_policy,
             "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped}
 
-    run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW)
+    run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
     ok = False
     try:
         step = run.start(resume, info)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -155,6 +156,9 @@ class PolicyJob:
     engine: Any
     optimizer: Any
     pad_id: int
+    #: When the job's own work began (after the process group, the fingerprint and the resume check; the same
+    #: point as the SFT job's): the start of its ``wall_time_s``, model and engine loading included.
+    t_start: float = 0.0
 
 
 def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_module: str,
@@ -172,9 +176,10 @@ def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_mo
     resume = resume_point(cfg.resume, ckpt_root, world, fingerprint, lambda m: say(rank, m))
     if rank == 0:
         ckpt_root.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
     tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return PolicyJob(rank, world, fingerprint, resume, tokenizer, engine, optimizer, pad_id)
+    return PolicyJob(rank, world, fingerprint, resume, tokenizer, engine, optimizer, pad_id, t_start)
 
 
 def rollout_summary(history: list[dict[str, float]], keys: tuple[str, ...], keep_missing: bool = True
