@@ -55,6 +55,10 @@ HOST = "127.0.0.1"
 __all__ = ["use_shared_server", "shared_server", "prestart", "prefect_home", "server_dir", "status", "stop",
            "main"]
 
+#: The global concurrency limit every training run holds (the phase deployments of flows.serve, the chains of
+#: flows.seeds): two trainings never share the CPU cores.
+TRAINING_LIMIT = "mimesis-training"
+
 
 def prefect_home() -> Path:
     """The Prefect home of this process (``PREFECT_HOME``, else ``<root>/.prefect``)."""

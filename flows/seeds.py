@@ -204,7 +204,7 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
     chains = [workspace_chain(root, params_path)] if include_workspace else []
     from prefect.concurrency.sync import concurrency
 
-    from flows.serve import TRAINING_LIMIT
+    from flows.prefect_api import TRAINING_LIMIT
 
     for s in seeds:
         # A chain is training: it waits for the phase deployments' training slot where one exists (served

@@ -40,7 +40,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 TRAIN_PHASES = ("midtrain", "sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd")
 EVAL_PHASES = ("sim_eval", "agent_eval", "report")
 PHASES = TRAIN_PHASES + EVAL_PHASES
-TRAINING_LIMIT = "mimesis-training"
+from flows.prefect_api import TRAINING_LIMIT  # noqa: E402  (the training slot, shared with flows.seeds)
 PROFILES = {"tiny": None, "paper": "configs/paper/params.paper.yaml"}
 
 Phase = Literal["midtrain", "sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd", "sim_eval", "agent_eval",

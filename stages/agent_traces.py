@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -231,4 +230,6 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
 
 
 if __name__ == "__main__":
-    sys.exit(main(STAGE, build, lambda p: p.agent_traces))
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main(STAGE, build, lambda p: p.agent_traces))

@@ -11,7 +11,6 @@ Accounting: rows_in = ABCD records; rows_out = task rows written.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,4 +105,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main())

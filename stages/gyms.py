@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -587,4 +586,6 @@ def build(params: Params) -> StageResult:
 
 
 if __name__ == "__main__":
-    sys.exit(main(STAGE, build, lambda p: p.gyms))
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main(STAGE, build, lambda p: p.gyms))

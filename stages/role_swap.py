@@ -14,7 +14,6 @@ duplicates), routed to the swap or no-swap processor by source, and given its se
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -286,4 +285,6 @@ def build(params: Params) -> StageResult:
 
 
 if __name__ == "__main__":
-    sys.exit(main(STAGE, build, lambda p: p.role_swap))
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main(STAGE, build, lambda p: p.role_swap))

@@ -2,7 +2,6 @@
 scenario in two splits (grouped across all datasets, seeded, fractions from params)."""
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -96,4 +95,6 @@ def build(params: Params) -> StageResult:
 
 
 if __name__ == "__main__":
-    sys.exit(main(STAGE, build, lambda p: p.splits))
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main(STAGE, build, lambda p: p.splits))

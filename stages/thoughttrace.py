@@ -7,7 +7,6 @@ of the target; with ``markup: clean`` they are stripped and the cleaned rows cou
 """
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Literal
 
 import msgspec
@@ -273,4 +272,6 @@ def build(params: Params) -> StageResult:
 
 
 if __name__ == "__main__":
-    sys.exit(main(STAGE, build, lambda p: p.thoughttrace))
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main(STAGE, build, lambda p: p.thoughttrace))

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -160,4 +159,6 @@ def build(params: Params) -> StageResult:
 
 
 if __name__ == "__main__":
-    sys.exit(main(STAGE, build, lambda p: p.tokenizer))
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main(STAGE, build, lambda p: p.tokenizer))

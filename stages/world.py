@@ -11,7 +11,6 @@ Accounting: every generated row is an output (rows_in == rows_out, nothing quara
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 from mimesis_lab.config import Params
@@ -44,4 +43,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main())

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -393,4 +392,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main())

@@ -23,7 +23,6 @@ The CSD sibling (``mimesis_lab.jobs.agent_csd``) is this recipe plus the coached
 from __future__ import annotations
 
 import random
-import sys
 import time
 from typing import Any
 
@@ -164,4 +163,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main())

@@ -25,7 +25,6 @@ One step, top to bottom in :func:`train_sim_rl`:
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -154,4 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mimesis_lab.fast_exit import exit_now   # a finished run skips the interpreter teardown
+
+    exit_now(main())
