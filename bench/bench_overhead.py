@@ -22,8 +22,8 @@ Two parts (both by default; ``--pieces-only`` / ``--run-only`` pick one):
    data stages: the ``work`` they log; training stages: the job's ``final.wall_time_s`` in
    ``models/<phase>/metrics.jsonl`` (from the job's opening — process group, fingerprint and resume check done —
    to its export: tokenizer, model, DeepSpeed engine and data loading included, the same point for the SFT and
-   the RL jobs; before this commit the RL jobs counted from their first step, so their model and engine loading
-   and the user side's start were counted as overhead) plus the flow's evaluation of the final model, ``final_eval_wall_time_s``
+   the RL jobs; the RL jobs once counted from their first step, which put their model and engine loading and the
+   user side's start in the overhead) plus the flow's evaluation of the final model, ``final_eval_wall_time_s``
    in ``metrics/<phase>.json`` (midtrain's unigram baseline, sft's format check); evaluation stages: the flow run's body, from ``Beginning flow run`` to
    ``Finished in state``, by the line prefixes or Prefect's own time of day), and overhead = wall − work;
    in total, the overhead share of the run.
