@@ -228,3 +228,30 @@ def test_repool_rewrites_pooled_and_report(tmp_path):
     assert json.loads(out.read_text())["pooled"]["sft_format_rate"]["n_chains"] == 2
     text = md.read_text()
     assert "`c`: failed: boom" in text and "| 0.800 ✗ | 1.000 | 0.900 |" in text
+
+
+def test_workspace_chain_needs_an_up_to_date_workspace(tmp_path):
+    """The workspace's own run counts as a chain only when `dvc status` is clean (a real DVC repository)."""
+    import json
+
+    from flows.seeds import workspace_chain
+
+    def run(*cmd):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+
+    run("git", "init", "-q")
+    run(sys.executable, "-m", "dvc", "init", "-q")
+    (tmp_path / "params.yaml").write_text("model:\n  seed: 42\n")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "report.json").write_text(json.dumps(
+        {"effects": {"sft_format_rate": {"value": 0.8, "ci": None, "target": ">= 0.9", "passed": False}}}))
+    (tmp_path / "in.txt").write_text("a")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  copy:\n    cmd: cp in.txt out.txt\n    deps: [in.txt]\n"
+                                       "    outs: [out.txt]\n")
+    run(sys.executable, "-m", "dvc", "repro", "-q")
+    c = workspace_chain(tmp_path, "params.yaml")
+    assert c["status"] == "ok" and c["seed"] == 42 and c["label"] == "seed-42 (workspace)"
+    assert c["targets_met"] == [0, 1]
+    (tmp_path / "in.txt").write_text("b")                   # a stage out of date: its report is not this recipe's
+    c = workspace_chain(tmp_path, "params.yaml")
+    assert c["status"] == "failed" and "copy" in c["reason"] and "dvc repro" in c["reason"]
