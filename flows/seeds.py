@@ -162,11 +162,9 @@ def run_chain(root: str, work_dir: str, seed: int, commit: str, vary_world: bool
     return {**base, "status": "ok", "wall_s": wall, "report": report, "targets_met": list(met)}
 
 
-def workspace_chain(root: Path, params_path: str) -> dict[str, Any]:
-    """The workspace's own run as a chain, when ``dvc status`` says every stage is up to date; else ``failed``
-    with the reason (its report would not be the committed recipe's)."""
-    data = yaml_load((root / params_path).read_text(encoding="utf-8"))
-    seed = (data.get("model") or {}).get("seed")
+def workspace_chain(root: Path, seed: int | None) -> dict[str, Any]:
+    """The workspace's own run (its training seed ``seed``) as a chain, when ``dvc status`` says every stage is up
+    to date; else ``failed`` with the reason (its report would not be the committed recipe's)."""
     label = f"seed-{seed} (workspace)"
     st = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True)
     try:
@@ -188,6 +186,20 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def pool_and_write(chains: Sequence[Mapping[str, Any]], commit: str, vary_world: bool, output: Path,
+                   report: Path) -> tuple[dict[str, Any], str]:
+    """Pool the finished chains (:func:`~mimesis_lab.evals.seeds.pool_effects`), write ``output`` (every chain
+    with its effects, the identical pairs, the pooled effects) and ``report`` (markdown); returns both."""
+    ok = {c["label"]: {"effects": c.get("effects")} for c in chains if c["status"] == "ok"}
+    pooled, same = S.pool_effects(ok), S.identical_chains(ok)
+    md = S.seeds_markdown(pooled, chains, same, commit=commit, vary_world=vary_world)
+    out = {"commit": commit, "vary_world": vary_world, "seed_keys": list(S.SEED_KEYS), "chains": list(chains),
+           "identical_chains": [list(p) for p in same], "pooled": pooled}
+    _write(output, json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
+    _write(report, md)
+    return out, md
+
+
 @flow(name="seeds", log_prints=True)
 def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, include_workspace: bool = True,
                work_dir: str = ".seeds", params_path: str = "params.yaml", output: str = "metrics/seeds.json",
@@ -201,7 +213,7 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
     seeds = [int(s) for s in seeds]
     if len(set(seeds)) != len(seeds) or (include_workspace and base_seed in seeds):
         raise ValueError(f"seeds must be distinct and differ from the workspace's ({base_seed}): {seeds}")
-    chains = [workspace_chain(root, params_path)] if include_workspace else []
+    chains = [workspace_chain(root, base_seed)] if include_workspace else []
     from prefect.concurrency.sync import concurrency
 
     from flows.prefect_api import TRAINING_LIMIT
@@ -211,20 +223,15 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
         # deployments); without the limit (a plain CLI run) strict=False lets it go on.
         with concurrency(TRAINING_LIMIT, occupy=1, strict=False):
             chains.append(run_chain(str(root), str(root / work_dir), s, commit, vary_world, experiment))
-    ok = {c["label"]: c["report"] for c in chains if c["status"] == "ok"}
-    pooled = S.pool_effects(ok)
-    same = S.identical_chains(ok)
-    md = S.seeds_markdown(pooled, chains, same, commit=commit, vary_world=vary_world)
-    out = {"commit": commit, "vary_world": vary_world, "seed_keys": list(S.SEED_KEYS),
-           "chains": [{k: v for k, v in c.items() if k != "report"} | {"effects": (c.get("report") or {}).get("effects")}
-                      for c in chains],
-           "identical_chains": [list(p) for p in same], "pooled": pooled}
-    _write(root / output, json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
-    _write(root / report, md)
+    chains = [{k: v for k, v in c.items() if k != "report"} | {"effects": (c.get("report") or {}).get("effects")}
+              for c in chains]
+    out, md = pool_and_write(chains, commit, vary_world, root / output, root / report)
+    pooled = out["pooled"]
+    n_ok = sum(1 for c in chains if c["status"] == "ok")
     if params.tracking.enabled:
         cfg = params.tracking.model_copy(update={"experiment": experiment})
         run = tracking.create_run(cfg, "seeds", params={"seeds": ",".join(map(str, seeds)), "vary_world": vary_world,
-                                                        "commit": commit, "chains_ok": len(ok)},
+                                                        "commit": commit, "chains_ok": n_ok},
                                   tags={"mimesis.kind": "seeds", **tracking.provenance("seeds")})
         c, _ = tracking.client(cfg)
         from flows.eval import _log_metrics
@@ -241,7 +248,7 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
         c.set_terminated(run, "FINISHED")
     create_markdown_artifact(markdown=md, key="mimesis-seeds", description="Effects over seeds of the whole chain")
     failed = [c["label"] for c in chains if c["status"] != "ok"]
-    print(f"[seeds] {len(ok)} chains pooled" + (f", failed: {', '.join(failed)}" if failed else "")
+    print(f"[seeds] {n_ok} chains pooled" + (f", failed: {', '.join(failed)}" if failed else "")
           + f"; wrote {output} and {report}")
     return out
 
@@ -249,16 +256,8 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
 def repool(output: Path, report: Path) -> dict[str, Any]:
     """Pool the chains recorded in ``output`` (``metrics/seeds.json``) again, without running any: rewrites its
     pooled part and ``report`` (after a change of the pooling or of the report's layout)."""
-    out = json.loads(output.read_text(encoding="utf-8"))
-    chains = [dict(c, report={"effects": c.get("effects")}) if c.get("status") == "ok" else dict(c)
-              for c in out["chains"]]
-    ok = {c["label"]: c["report"] for c in chains if c["status"] == "ok"}
-    out["pooled"] = S.pool_effects(ok)
-    out["identical_chains"] = [list(p) for p in S.identical_chains(ok)]
-    _write(output, json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
-    _write(report, S.seeds_markdown(out["pooled"], chains, S.identical_chains(ok), commit=out.get("commit", ""),
-                                    vary_world=bool(out.get("vary_world"))))
-    return out
+    rec = json.loads(output.read_text(encoding="utf-8"))
+    return pool_and_write(rec["chains"], rec.get("commit", ""), bool(rec.get("vary_world")), output, report)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

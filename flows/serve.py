@@ -37,10 +37,11 @@ import yaml  # noqa: E402
 from prefect import flow, get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 
+from flows.prefect_api import TRAINING_LIMIT  # noqa: E402  (the training slot, shared with flows.seeds)
+
 TRAIN_PHASES = ("midtrain", "sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd")
 EVAL_PHASES = ("sim_eval", "agent_eval", "report")
 PHASES = TRAIN_PHASES + EVAL_PHASES
-from flows.prefect_api import TRAINING_LIMIT  # noqa: E402  (the training slot, shared with flows.seeds)
 PROFILES = {"tiny": None, "paper": "configs/paper/params.paper.yaml"}
 
 Phase = Literal["midtrain", "sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd", "sim_eval", "agent_eval",

@@ -241,7 +241,6 @@ def test_workspace_chain_needs_an_up_to_date_workspace(tmp_path):
 
     run("git", "init", "-q")
     run(sys.executable, "-m", "dvc", "init", "-q")
-    (tmp_path / "params.yaml").write_text("model:\n  seed: 42\n")
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "report.json").write_text(json.dumps(
         {"effects": {"sft_format_rate": {"value": 0.8, "ci": None, "target": ">= 0.9", "passed": False}}}))
@@ -249,9 +248,9 @@ def test_workspace_chain_needs_an_up_to_date_workspace(tmp_path):
     (tmp_path / "dvc.yaml").write_text("stages:\n  copy:\n    cmd: cp in.txt out.txt\n    deps: [in.txt]\n"
                                        "    outs: [out.txt]\n")
     run(sys.executable, "-m", "dvc", "repro", "-q")
-    c = workspace_chain(tmp_path, "params.yaml")
+    c = workspace_chain(tmp_path, 42)
     assert c["status"] == "ok" and c["seed"] == 42 and c["label"] == "seed-42 (workspace)"
     assert c["targets_met"] == [0, 1]
     (tmp_path / "in.txt").write_text("b")                   # a stage out of date: its report is not this recipe's
-    c = workspace_chain(tmp_path, "params.yaml")
+    c = workspace_chain(tmp_path, 42)
     assert c["status"] == "failed" and "copy" in c["reason"] and "dvc repro" in c["reason"]

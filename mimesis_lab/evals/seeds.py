@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import re
 from typing import Any, Mapping, Sequence
 
 from mimesis_lab.evals.effects import PHASE_OF
+from mimesis_lab.evals.report import fmt
 
 __all__ = ["SEED_KEYS", "WORLD_KEYS", "T975", "chain_overrides", "apply_overrides", "check_target", "clears_target",
            "t_ci",
@@ -133,7 +135,7 @@ def t_ci(values: Sequence[float]) -> list[float] | None:
     if n < 2:
         return None
     mean = sum(values) / n
-    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    s = statistics.stdev(values)
     half = T975.get(n - 1, 1.96) * s / math.sqrt(n)
     return [mean - half, mean + half]
 
@@ -167,7 +169,7 @@ def pool_effects(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
         if missing and verdict:
             verdict = False
         clears = bool(verdict and clears_target(target, ci))
-        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) >= 2 else None
+        sd = statistics.stdev(vals) if len(vals) >= 2 else None
         out[name] = {
             "phase": first.get("phase", PHASE_OF.get(name, "")), "target": target, "value": mean, "ci": ci,
             "ci_unit": "chain (t-interval)", "sd": sd, "min": min(vals) if vals else None,
@@ -192,10 +194,6 @@ def identical_chains(reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str
             if sa and any(v is not None for _, v in sa) and sa == sig(reports[b]):
                 pairs.append((a, b))
     return pairs
-
-
-def _f(v: Any, d: int = 3) -> str:
-    return f"{v:.{d}f}" if _finite(v) else "–"
 
 
 def _verdict(e: Mapping[str, Any]) -> str:
@@ -223,7 +221,7 @@ def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Map
              "", "| Chain | Seed | Status | Wall time (s) | Targets met |", "|---|---|---|---|---|"]
     for c in chains:
         met = c.get("targets_met")
-        lines.append(f"| {c['label']} | {c.get('seed', '–')} | {c.get('status')} | {_f(c.get('wall_s'), 0)} | "
+        lines.append(f"| {c['label']} | {c.get('seed', '–')} | {c.get('status')} | {fmt(c.get('wall_s'), 0)} | "
                      f"{'–' if met is None else f'{met[0]} of {met[1]}'} |")
     for a, b in identical:
         lines += ["", f"- ⚠ **Identical chains:** `{a}` and `{b}` gave the same value for every effect: their seeds did "
@@ -238,10 +236,10 @@ def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Map
         cells = []
         for lab in labels:
             v = e["per_chain"].get(lab)
-            cells.append(_f(v) + ("" if e["passed_per_chain"].get(lab) else " ✗"))
+            cells.append(fmt(v, 3) + ("" if e["passed_per_chain"].get(lab) else " ✗"))
         ci = e.get("ci")
-        ci_s = f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–"
-        lines.append(f"| {e.get('phase', '')} | `{name}` | " + " | ".join(cells) + f" | {_f(e.get('value'))} | {ci_s} "
+        ci_s = f"[{fmt(ci[0], 3)}, {fmt(ci[1], 3)}]" if ci else "–"
+        lines.append(f"| {e.get('phase', '')} | `{name}` | " + " | ".join(cells) + f" | {fmt(e.get('value'), 3)} | {ci_s} "
                      f"| {e.get('target', '')} | {e['passed_in']} of {e['n_chains']} | {_verdict(e)} |")
     failed = [c for c in chains if c.get("status") != "ok"]
     if failed:

@@ -158,7 +158,7 @@ class PolicyJob:
     pad_id: int
     #: When the job's own work began (after the process group, the fingerprint and the resume check; the same
     #: point as the SFT job's): the start of its ``wall_time_s``, model and engine loading included.
-    t_start: float = 0.0
+    t_start: float
 
 
 def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_module: str,

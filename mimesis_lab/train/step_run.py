@@ -3,7 +3,7 @@ metrics and episode logs, checkpoint cadence, and the final export with its summ
 
 The recipe keeps its loop; this object only does what every recipe would otherwise repeat::
 
-    run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world)
+    run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, t_start=job.t_start)
     step = run.start(resume, info)                 # loads the checkpoint or clears old outputs
     while step < cfg.steps:
         t0 = time.perf_counter()
@@ -39,7 +39,7 @@ class StepRun:
     """See the module docstring. Rank 0 writes; every rank takes part in checkpoints."""
 
     def __init__(self, phase: str, cfg: Any, engine: Any, tokenizer: Any, fingerprint: str, rank: int, world: int,
-                 show: Sequence[str] = (), t_start: float | None = None):
+                 show: Sequence[str] = (), *, t_start: float):
         self.phase, self.cfg, self.engine, self.tokenizer = phase, cfg, engine, tokenizer
         self.fingerprint, self.rank, self.world = fingerprint, rank, world
         self.show = tuple(show)
@@ -49,7 +49,7 @@ class StepRun:
         self.total = cfg.steps
         self.info: dict[str, Any] = {}
         self.history: list[dict[str, float]] = []
-        self.t_start = time.time() if t_start is None else t_start    # wall_time_s counts from here
+        self.t_start = t_start        # wall_time_s counts from here: the job's opening (PolicyJob.t_start)
         self.log = MetricsLog(self.out_dir, rank == 0)
         self.prog: Progress | None = None
 
