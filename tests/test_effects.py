@@ -114,6 +114,10 @@ def test_sim_rl_format_failure_end():
     e = eff.sim_rl_format_failure_end(None, SIM_RL)
     # last window {5, 6}: 4 behaviour + 1 ToM valid rollouts, one with a format failure
     assert e["value"] == pytest.approx(1 / 5) and e["passed"] and e["ci"] == eff.wilson_ci(1, 5) and e["n"] == 5
+    # per task (the share depends on the mix): behaviour 0 of 4 first, 1 of 4 last; ToM only in the last window
+    assert e["by_task"] == {"usersim_behavior": {"first": 0.0, "n_first": 4, "last": 0.25, "n_last": 4},
+                            "usersim_tom": {"first": None, "n_first": 0, "last": 0.0, "n_last": 1}}
+    assert e["diagnosis"] == "by task, first -> last window (rollouts): usersim_behavior 0.00 -> 0.25 (4/4)"
     bad = eff.sim_rl_format_failure_end(None, [_roll(1, 0.0, ff=1), _roll(2, 0.0, ff=2)])
     assert bad["value"] == 1.0 and not bad["passed"]
     assert eff.sim_rl_format_failure_end(None, None)["value"] is None

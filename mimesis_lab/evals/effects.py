@@ -32,7 +32,7 @@ import numpy as np
 
 __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
            "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
-           "sim_rl_format_failure_end", "sim_eval_vs", "proportion_ci", "agent_vs", "user_matters",
+           "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs", "proportion_ci", "agent_vs", "user_matters",
            "csd_coach_note_rate",
            "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
            "PHASE_OF"]
@@ -309,15 +309,21 @@ def _behaviour_note(e: dict) -> str | None:
 def sim_rl_format_failure_end(steps: Sequence[Mapping[str, Any]] | None,
                               rollouts: Sequence[Mapping[str, Any]] | None) -> dict:
     """Share of valid rollouts (all tasks) with a format failure in the last third of the simulator-RL steps.
-    Target: <= 0.2. CI: Wilson over those rollouts."""
+    Target: <= 0.2. CI: Wilson over those rollouts. The share depends on the task mix (the tasks fail the format
+    at very different rates), so ``by_task`` gives each task's share and rollouts in the first and last window,
+    also written as the effect's ``diagnosis``."""
     target = "<= 0.2"
     vals = [r for r in rollouts or [] if r.get("invalid") is None]
     if vals:
-        _, last = _windows([int(r["step"]) for r in vals])
+        first, last = _windows([int(r["step"]) for r in vals])
         w = [r for r in vals if int(r["step"]) in last]
         k = sum(1 for r in w if (r.get("format_failures") or 0) > 0)
+        by_task = format_failures_by_task(vals, first, last)
         return make_effect(k / len(w), wilson_ci(k, len(w)), target, k / len(w) <= 0.2, unit="share", n=len(w),
-                           ci_unit="rollout", last_steps=sorted(last))
+                           ci_unit="rollout", last_steps=sorted(last), by_task=by_task,
+                           diagnosis="by task, first -> last window (rollouts): " + "; ".join(
+                               f"{t} {v['first']:.2f} -> {v['last']:.2f} ({v['n_first']}/{v['n_last']})"
+                               for t, v in by_task.items() if v["n_first"] and v["n_last"]))
     pts = [(int(r["step"]), (r.get("metrics") or {}).get("format_failure_rate")) for r in steps or []
            if r.get("kind") == "train"]
     pts = [(s, float(v)) for s, v in pts if isinstance(v, (int, float))]
@@ -326,6 +332,20 @@ def sim_rl_format_failure_end(steps: Sequence[Mapping[str, Any]] | None,
         v = _mean([x for s, x in pts if s in last])
         return make_effect(v, None, target, v <= 0.2, unit="share", n=len(last), ci_note="no rollouts.jsonl: no CI")
     return missing(target, "no simulator-RL rollouts or metrics (models/sim_rl)", unit="share")
+
+
+def format_failures_by_task(vals: Sequence[Mapping[str, Any]], first: set[int], last: set[int]) -> dict[str, dict]:
+    """Per task (``data_source``): share of rollouts with a format failure in the ``first`` and ``last`` steps
+    (``None`` where the window has none) and their counts ``n_first``, ``n_last``."""
+    out: dict[str, dict] = {}
+    for task in sorted({str(r.get("data_source")) for r in vals}):
+        row: dict[str, Any] = {}
+        for name, steps in (("first", first), ("last", last)):
+            w = [r for r in vals if str(r.get("data_source")) == task and int(r["step"]) in steps]
+            row[name] = sum(1 for r in w if (r.get("format_failures") or 0) > 0) / len(w) if w else None
+            row[f"n_{name}"] = len(w)
+        out[task] = row
+    return out
 
 
 # ----------------------------------------------------------------------------- simulator evaluation
