@@ -269,16 +269,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--experiment", default="mimesis-seeds")
     ap.add_argument("--allow-dirty", action="store_true")
+    ap.add_argument("--output", default="metrics/seeds.json", help="pooled JSON (relative to the project root)")
+    ap.add_argument("--report", default="reports/seeds.md", help="pooled markdown (relative to the project root)")
     ap.add_argument("--repool", action="store_true",
-                    help="run no chain: pool the chains recorded in metrics/seeds.json again and rewrite reports/seeds.md")
+                    help="run no chain: pool the chains recorded in --output again and rewrite --report")
     args = ap.parse_args(argv)
     if args.repool:
-        repool(ROOT / "metrics" / "seeds.json", ROOT / "reports" / "seeds.md")
+        repool(ROOT / args.output, ROOT / args.report)
         return 0
     with shared_server():
         out = seeds_flow(seeds=args.seeds, vary_world=args.vary_world, include_workspace=not args.no_workspace,
-                         work_dir=args.work_dir, params_path=args.params, experiment=args.experiment,
-                         allow_dirty=args.allow_dirty)
+                         work_dir=args.work_dir, params_path=args.params, output=args.output, report=args.report,
+                         experiment=args.experiment, allow_dirty=args.allow_dirty)
     return 0 if all(c["status"] == "ok" for c in out["chains"]) else 1
 
 

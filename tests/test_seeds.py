@@ -228,6 +228,13 @@ def test_repool_rewrites_pooled_and_report(tmp_path):
     assert json.loads(out.read_text())["pooled"]["sft_format_rate"]["n_chains"] == 2
     text = md.read_text()
     assert "`c`: failed: boom" in text and "| 0.800 ✗ | 1.000 | 0.900 |" in text
+    # the command line, with another pair of files (a --vary-world run keeps its own)
+    from flows.seeds import main
+
+    out2, md2 = tmp_path / "world.json", tmp_path / "world.md"
+    out2.write_text(json.dumps(rec))
+    assert main(["--repool", "--output", str(out2), "--report", str(md2)]) == 0
+    assert md2.read_text() == text and json.loads(out2.read_text())["pooled"] == json.loads(out.read_text())["pooled"]
 
 
 def test_workspace_chain_needs_an_up_to_date_workspace(tmp_path):
