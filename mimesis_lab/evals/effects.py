@@ -32,8 +32,8 @@ import numpy as np
 
 __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
            "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
-           "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs", "proportion_ci", "agent_vs", "user_matters",
-           "csd_coach_note_rate",
+           "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs", "proportion_ci", "agent_vs",
+           "user_matters", "csd_coach_note_rate",
            "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
            "PHASE_OF"]
 
