@@ -70,26 +70,24 @@ def probe(checkpoint: str, params_path: str = "params.yaml", *, k: int = 4, top_
                             max_prompt_tokens=cfg.rollout.max_prompt_tokens)
     score_rollouts(rollouts, episodes, judge)
     by: dict[str, list[float]] = defaultdict(list)
-    groups: dict[str, list[float]] = defaultdict(list)
-    row_of: dict[str, str] = {}
+    per_row: dict[str, list[float]] = defaultdict(list)      # a row's k rollouts are one group
     for r, ep in zip(rollouts, episodes):
-        row_of[r.group_id] = ep.task_id
         ex = r.score.components.get("exhibit") if r.invalid is None and r.score is not None else None
         if ex is not None:
             by[ep.behavior].append(float(ex))
-            groups[r.group_id].append(float(ex))
+            per_row[ep.task_id].append(float(ex))
     allx = [x for v in by.values() for x in v]
     return {
         "checkpoint": checkpoint, "rows": len(rows), "rollouts": len(rollouts), "k": k,
         "top_p": sampling.top_p, "temperature": sampling.temperature,
         "judged": len(allx), "exhibit_mean": sum(allx) / max(1, len(allx)),
         "exhibited_share": sum(x >= 0.5 for x in allx) / max(1, len(allx)),
-        "groups_with_exhibit_variance": sum(len(set(g)) > 1 for g in groups.values()) / max(1, len(groups)),
+        "groups_with_exhibit_variance": sum(len(set(g)) > 1 for g in per_row.values()) / max(1, len(per_row)),
         "format_failure_rollouts": sum(r.format_failures > 0 for r in rollouts) / len(rollouts),
         "format_errors": dict(Counter(s.format_error for r in rollouts for s in r.segments if not s.format_ok)),
         "invalid": dict(Counter(r.invalid for r in rollouts if r.invalid)),
         "exhibit_by_behavior": {b: round(sum(v) / len(v), 3) for b, v in sorted(by.items())},
-        "exhibit_by_row": {row_of[g]: sum(v) / len(v) for g, v in groups.items()},
+        "exhibit_by_row": {row: sum(v) / len(v) for row, v in per_row.items()},
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 
