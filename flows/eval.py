@@ -109,17 +109,6 @@ def _write_json(path: str | Path, obj: Any) -> Path:
     return path
 
 
-def _log_metrics(c, run_id: str, metrics: Mapping[str, float]) -> None:
-    import time
-
-    from mlflow.entities import Metric
-
-    ts = int(time.time() * 1000)
-    items = [Metric(k, v, ts, 0) for k, v in metrics.items()]
-    for i in range(0, len(items), 500):
-        c.log_batch(run_id, metrics=items[i:i + 500])
-
-
 def _record(params: Params, phase: str, entries: Mapping[str, tuple[str | None, dict[str, float]]],
             cfg: Any, artifacts: list[Path]) -> dict[str, str]:
     """Parent run ``phase`` + one child per evaluated model; returns {name: run url}."""
@@ -135,7 +124,7 @@ def _record(params: Params, phase: str, entries: Mapping[str, tuple[str | None, 
             child = tracking.create_run(params.tracking, f"{phase}:{name}", parent, tags={
                 "mimesis.kind": "eval", "mimesis.phase": phase, "mimesis.evaluated_name": name,
                 **tracking.evaluated_model(params.tracking, path)})
-            _log_metrics(c, child, metrics)
+            tracking.log_metrics(c, child, metrics)
             c.set_terminated(child, "FINISHED")
             urls[name] = tracking.run_url(params.tracking, child)
         for a in artifacts:
@@ -297,7 +286,7 @@ def report_flow(params_path: str = "params.yaml") -> str:
         run = tracking.create_run(params.tracking, "report", tags={"mimesis.kind": "report",
                                                                    **tracking.provenance("report")})
         c, _ = tracking.client(params.tracking)
-        _log_metrics(c, run, {**head, **flat_effects(effects)})
+        tracking.log_metrics(c, run, {**head, **flat_effects(effects)})
         urls["report"] = tracking.run_url(params.tracking, run)
     md = rep.report_markdown(sim, agent, curves, urls, [str(p) for p in plots], effects, identical)
     out = Path(cfg.output)

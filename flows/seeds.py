@@ -234,15 +234,13 @@ def seeds_flow(seeds: Sequence[int] = DEFAULT_SEEDS, vary_world: bool = False, i
                                                         "commit": commit, "chains_ok": n_ok},
                                   tags={"mimesis.kind": "seeds", **tracking.provenance("seeds")})
         c, _ = tracking.client(cfg)
-        from flows.eval import _log_metrics
-
         metrics = {}
         for name, e in pooled.items():
             if e.get("value") is not None:
                 metrics[f"pooled/{name}"] = float(e["value"])
             metrics[f"passed_in/{name}"] = float(e["passed_in"])
         metrics["pooled/targets_met"] = float(sum(1 for e in pooled.values() if e.get("passed")))
-        _log_metrics(c, run, metrics)
+        tracking.log_metrics(c, run, metrics)
         c.log_artifact(run, str(root / output))
         c.log_artifact(run, str(root / report))
         c.set_terminated(run, "FINISHED")

@@ -117,6 +117,16 @@ def client(tracking: TrackingParams):
     return mlflow.MlflowClient(tracking_uri=mlflow.get_tracking_uri()), exp.experiment_id
 
 
+def log_metrics(c, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """Log ``metrics`` to run ``run_id`` with client ``c`` (:func:`client`) in batches of 500, one timestamp."""
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    items = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
+    for i in range(0, len(items), 500):
+        c.log_batch(run_id, metrics=items[i:i + 500])
+
+
 def tracking_env(tracking: TrackingParams, run_id: str) -> dict[str, str]:
     """Environment that lets a launched job attach to ``run_id`` (``MLFLOW_RUN_ID``)."""
     return {

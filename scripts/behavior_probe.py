@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 def probe(checkpoint: str, params_path: str = "params.yaml", *, k: int = 4, top_p: float | None = None,
           temperature: float | None = None, seed: int = 7) -> dict[str, Any]:
     import mimesis_lab.envs.behavior_task  # noqa: F401  (registers usersim_behavior)
-    from mimesis_lab.abcd import load_guidelines, load_kb
     from mimesis_lab.config import load_params
-    from mimesis_lab.envs.base import TaskContext, make_episode
+    from mimesis_lab.envs.base import make_episode
     from mimesis_lab.envs.registry import load_task_rows
+    from mimesis_lab.jobs.sim_rl import task_context
     from mimesis_lab.judges.behavior_judge import make_judge
     from mimesis_lab.models import load_model
     from mimesis_lab.rollout.backends import SamplingParams, TransformersBackend
@@ -52,8 +52,7 @@ def probe(checkpoint: str, params_path: str = "params.yaml", *, k: int = 4, top_
     rows = [r for r in rows if json.loads(r.get("behavior_ids") or "[]")]
     if not rows:
         raise SystemExit(f"{task.data}: no instructed (non-neutral) behaviour-task rows")
-    ctx = TaskContext(kb=load_kb(Path(cfg.kb)), guidelines=load_guidelines(Path(cfg.guidelines)),
-                      options={"usersim_behavior": {k2: v for k2, v in task.model_dump().items() if v is not None}})
+    ctx = task_context(cfg)
     judge = make_judge(cfg.judge.kind, cfg.judge.openai)
     model, tok = load_model(checkpoint).eval(), load_tokenizer(checkpoint)
     backend = TransformersBackend(model, tok, batch_size=cfg.rollout.batch_size)

@@ -155,7 +155,19 @@ def test_turtle_judge_coverage():
     facts = ["He suffered from hiccups", "The gun gave him a fright"]
     assert turt.fact_covered("The gun gave him a fright", "the gun was a fright")       # 2/3 words
     assert not turt.fact_covered("The gun gave him a fright", "a gun")                  # 1/3
-    assert turt.judge(facts, "He had the hiccups.") == 0.5
+    assert not turt.fact_covered("He suffered from hiccups", "He had the hiccups.")     # 1/2 is not more than half
+    assert turt.judge(facts, "He suffered the hiccups.") == 0.5
+    # words the title and surface already show are no evidence: {gave, fright} are the fact's new words
+    assert not turt.fact_covered("The gun gave him a fright", "the gun was a fright", "a man and a gun")   # 1/2
+    assert turt.fact_covered("The gun gave him a fright", "it gave him a fright", "a man and a gun")       # 2/2
+    assert turt.fact_covered("a gun", "the gun", "a man and a gun")    # all shown: all its words count (1/1)
+    # the world's templates: the name and one frequent word are not an explanation
+    kate = ["kate works as a nurse", "kate started work at dawn", "breakfast opened too late"]
+    shown = "the early breakfast kate paid for breakfast at a hotel in paris every day but never ate it."
+    assert turt.judge(kate, "kate's work: kate's work") == pytest.approx(1 / 3)     # without the surface: 2/3 words
+    assert turt.judge(kate, "kate's work: kate's work", shown=shown) == 0.0          # {work, nurse}: 1/2
+    assert turt.judge(kate, "kate works as a nurse and started work at dawn; breakfast opened too late.",
+                      shown=shown) == 1.0
     assert turt.judge(facts, "The bartender ordered a drink") == 0.0
     assert turt.judge([], "anything") == 0.0
 
@@ -184,7 +196,8 @@ def test_turtle_bundled_tasks():
     for tid, t in tasks.items():
         assert t["title"] and len(t["key_facts"]) >= 2, tid
         assert turt.judge(t["key_facts"], t["solution"]) == 1.0, tid      # the solution covers every fact
-        assert turt.judge(t["key_facts"], t["surface"]) < 0.5, tid        # the surface alone does not
+        assert turt.judge(t["key_facts"], t["solution"], shown=f"{t['title']} {t['surface']}") == 1.0, tid
+        assert turt.judge(t["key_facts"], t["surface"], shown=f"{t['title']} {t['surface']}") == 0.0, tid
 
 
 # ---------------------------------------------------------------- FunctionGym

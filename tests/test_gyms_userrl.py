@@ -76,6 +76,11 @@ def test_episode_runs_and_expert_scores_on_real_rows(name):
         assert isinstance(res.observation, str) and res.observation and math.isfinite(res.reward)
         tr = experts.expert_trace(row, tasks)
         scores.append(0.0 if tr is None else tr["total_reward"])
+    if name == "turtle":
+        # the expert knows our classic puzzles and generic hunches, not these stories; copying their surface
+        # into the explanation earns nothing (the judge does not count words the surface already shows)
+        assert max(scores) == 0, scores
+        return
     assert max(scores) > 0
     if name in ("function", "persuade"):
         assert min(scores) > 0, scores
@@ -335,6 +340,7 @@ def test_turtle_oracle_guess_scores_on_real_stories():
         if len(sents) >= 2:
             assert 0 < half < 1, t["id"]
         assert turtle.judge(sents, t["surface"]) < 1.0
+        assert turtle.judge(sents, t["surface"], shown=f"{t['title']} {t['surface']}") == 0.0, t["id"]
 
 
 @need_ref

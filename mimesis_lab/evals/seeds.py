@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 import re
+import statistics
 from typing import Any, Mapping, Sequence
 
 from mimesis_lab.evals.effects import PHASE_OF

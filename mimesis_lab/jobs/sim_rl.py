@@ -57,12 +57,22 @@ def sample_groups(task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[
     return out
 
 
+def task_context(cfg: Any) -> Any:
+    """The :class:`~mimesis_lab.envs.base.TaskContext` of ``cfg`` (a ``sim_rl`` section): the ABCD kb and
+    guidelines, and each task's options (its params, unset ones left out)."""
+    from mimesis_lab.abcd import load_guidelines, load_kb
+    from mimesis_lab.envs.base import TaskContext
+
+    return TaskContext(kb=load_kb(Path(cfg.kb)), guidelines=load_guidelines(Path(cfg.guidelines)),
+                       options={ds: {k: v for k, v in t.model_dump().items() if v is not None}
+                                for ds, t in cfg.tasks.items()})
+
+
 def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     """Train ``params.sim_rl`` on this rank; rank 0 returns the summary (also ``final/training_summary.json``)."""
     import mimesis_lab.envs.behavior_task  # noqa: F401  (registers usersim_behavior)
     import mimesis_lab.envs.usersim_tasks  # noqa: F401  (registers the ThoughtTrace tasks)
-    from mimesis_lab.abcd import load_guidelines, load_kb
-    from mimesis_lab.envs.base import TaskContext, make_episode
+    from mimesis_lab.envs.base import make_episode
     from mimesis_lab.envs.registry import load_task_rows
     from mimesis_lab.judges.behavior_judge import make_judge
     from mimesis_lab.rollout.backends import SamplingParams, colocated_backend
@@ -80,9 +90,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     skipped: dict[str, int] = {}
     for ds, t in cfg.tasks.items():
         task_rows[ds], skipped[ds] = load_task_rows(ds, t.data, t.max_rows)
-    ctx = TaskContext(kb=load_kb(Path(cfg.kb)), guidelines=load_guidelines(Path(cfg.guidelines)),
-                      options={ds: {k: v for k, v in t.model_dump().items() if v is not None}
-                               for ds, t in cfg.tasks.items()})
+    ctx = task_context(cfg)
     judge = make_judge(cfg.judge.kind, cfg.judge.openai)
     weights = {ds: t.weight for ds, t in cfg.tasks.items()}
     backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)

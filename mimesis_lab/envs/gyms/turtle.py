@@ -19,9 +19,14 @@ kept as the task's ``evaluation`` (statement, score) and not used by the rule ju
 
 * ``action`` (content = a yes/no question): the user side, which holds the solution and answers
   only Yes / No / Irrelevant, replies; reward 0, not done.
-* ``answer`` (content = the agent's explanation of the story): each key fact is *covered* when at
-  least half of its content words (lower-cased, stop-words dropped, a trailing plural ``s``
-  stripped) occur in the explanation; ``score = covered / len(key_facts)``. The reward is the
+* ``answer`` (content = the agent's explanation of the story): each key fact is *covered* when more
+  than half of its *new* content words occur in the explanation — content words lower-cased,
+  stop-words dropped, a trailing plural ``s`` stripped; *new* means not already shown by the title
+  or the surface story (the protagonist's name, the city), which the agent can copy without asking
+  anything; a fact whose words the surface all shows counts all of them. ``score = covered /
+  len(key_facts)``. (With "at least half" of all the words, "kate's work" covered 2 of 3 facts of a
+  story whose key facts were "kate works as a nurse", "kate started work at dawn": the agent learned
+  to repeat the name and a frequent word instead of asking.) The reward is the
   gain over the best score so far, ``max(0, score - best)``, then ``best = max(best, score)``
   (so the rewards of an episode sum to its best score). The episode is done when
   ``score >= 0.99``; answers may be given several times.
@@ -85,21 +90,26 @@ def content_words(text: str) -> set[str]:
     return out
 
 
-def fact_covered(fact: str, explanation: str | set[str]) -> bool:
+def fact_covered(fact: str, explanation: str | set[str], shown: str | set[str] = frozenset()) -> bool:
+    """Whether ``explanation`` covers ``fact``: more than :data:`COVER_THRESHOLD` of the fact's content
+    words that ``shown`` (the text the agent already sees: title and surface) does not hold occur in it;
+    all of the fact's words when ``shown`` holds every one."""
     fw = content_words(fact)
     ew = explanation if isinstance(explanation, set) else content_words(explanation)
-    return bool(fw) and len(fw & ew) / len(fw) >= COVER_THRESHOLD
+    new = fw - (shown if isinstance(shown, (set, frozenset)) else content_words(shown)) or fw
+    return bool(new) and len(new & ew) / len(new) > COVER_THRESHOLD
 
 
-def judge(key_facts: list[str], explanation: str, weights: list[float] | None = None) -> float:
-    """Share of ``key_facts`` covered by ``explanation`` (weighted by ``weights`` when given; 0 when there
-    are no key facts)."""
+def judge(key_facts: list[str], explanation: str, weights: list[float] | None = None, shown: str = "") -> float:
+    """Share of ``key_facts`` covered by ``explanation`` (:func:`fact_covered`; words of ``shown``, the
+    title and surface the agent sees, are no evidence), weighted by ``weights`` when given; 0 when
+    there are no key facts."""
     if not key_facts:
         return 0.0
-    ew = content_words(explanation)
+    ew, sw = content_words(explanation), content_words(shown)
     w = [float(x) for x in weights] if weights and len(weights) == len(key_facts) else [1.0] * len(key_facts)
     total = sum(w)
-    return sum(wi for f, wi in zip(key_facts, w) if fact_covered(f, ew)) / total if total > 0 else 0.0
+    return sum(wi for f, wi in zip(key_facts, w) if fact_covered(f, ew, sw)) / total if total > 0 else 0.0
 
 
 def _sentences(text: str) -> list[str]:
@@ -239,7 +249,8 @@ class TurtleGym(Gym):
         if c == "action":
             reply = self.ask_user(text)   # UserSideError propagates to the rollout loop
             return self._finish(reply, 0.0, False, {})
-        score = judge(self.task["key_facts"], text, self.task.get("key_fact_weights"))
+        score = judge(self.task["key_facts"], text, self.task.get("key_fact_weights"),
+                      shown=f"{self.task.get('title', '')} {self.task['surface']}")
         gain = max(0.0, score - self.best)
         self.best = max(self.best, score)
         done = score >= DONE_SCORE

@@ -13,7 +13,8 @@ kinds of general knowledge, the knowledge an LLM agent brings to "turtle soup":
   pet?"), the clause it adds to the explanation, filled with the story's protagonist as the surface
   names them, and the surface words that make it worth asking (its associations: a noisy room
   suggests noise or a pet, an unused booking someone else). A confirmed hunch may open a follow-up
-  (:data:`KINDS`: which pet?), asked until the host says ``Yes``.
+  (:data:`KINDS`: which pet? which job?), asked after the next explanation (so an episode of a few
+  turns still explains what it found) until the host says ``Yes``.
 
 It asks the twists and hunches whose cue words the surface story or its title contains, the
 strongly suggested ones (two cue words or more) first; a classic twist only when two of its cue
@@ -63,7 +64,7 @@ TWISTS: tuple[Twist, ...] = (
           "hotel bankrupt"),
     Twist("Did his car run out of fuel?", "His car ran out of fuel.", "car pushes"),
     Twist("Is he playing baseball?", "The man is a baseball player running the bases.", "home left turns masked"),
-    Twist("Is home the home plate?", "Home means home plate on the baseball field.", "home left turns returns"),
+    Twist("Is home the home plate?", "He comes back to home plate on the baseball field.", "home left turns returns"),
     Twist("Are the masked men the catcher and the umpire?", "The two masked men are the catcher and the umpire.",
           "masked men home"),
     # bodies and places
@@ -113,7 +114,7 @@ TWISTS: tuple[Twist, ...] = (
     Twist("Is the surgeon the boy's mother?", "The surgeon is the boy's mother: the surgeon is a woman, not a man.",
           "surgeon son father boy operate"),
     Twist("Is the surgeon his stepfather?", "The surgeon is his stepfather.", "surgeon father son"),
-    Twist("Is the woman a photographer?", "She is a photographer and she shot a photograph of her husband.",
+    Twist("Is the woman a photographer?", "She is a photographer and she took a photograph of her husband.",
           "shoots husband hangs water"),
     Twist("Did she develop the photo in water and hang it to dry?",
           "She developed the photo in water and hung it up to dry.", "water hangs holds under"),
@@ -130,24 +131,30 @@ TWISTS: tuple[Twist, ...] = (
 
 # Generic twists: ``{name}`` is the story's protagonist as the surface names them ("grace", "the man").
 HUNCHES: tuple[Twist, ...] = (
-    Twist("Does the story involve a pet?", "{name} has a pet.",
+    Twist("Does the story involve a pet?", "{name} travels with a pet.",
           "hotel room night home house flat left checkout glad noisy noisiest quiet walk garden", kind="pet"),
-    Twist("Does the story involve {name}'s work?", "It was about {name}'s work: {name} works.",
-          "early morning breakfast paid every day suitcase tools flew trip business office never uniform"),
+    Twist("Does the story involve {name}'s work?", "It was about {name}'s work.",
+          "early morning breakfast paid every day suitcase tools flew trip business office never uniform",
+          kind="job"),
     Twist("Did it happen at dawn?", "{name} started at dawn.", "early morning breakfast sunrise night alarm ate"),
-    Twist("Was something too late?", "It was too late.", "early breakfast never ate missed clock waited time"),
-    Twist("Does the story involve a friend?", "It was for a friend who needed it.",
+    Twist("Was something too late?", "Something opened too late.",
+          "early breakfast never ate missed clock waited time"),
+    Twist("Does the story involve a friend?", "{name} booked it for a friend who needed it.",
           "picked booked unused never used key gift present bought for two"),
     Twist("Was someone sick?", "Someone got sick and stayed home.",
           "never used unused empty cancelled missed stayed hospital doctor medicine"),
-    Twist("Does the story involve noise?", "The noise mattered.", "noisiest noisy loud quiet silent night sleep room"),
+    Twist("Does the story involve noise?", "The noise calmed them down.",
+          "noisiest noisy loud quiet silent night sleep room"),
     Twist("Did {name} go to buy something?", "{name} went to buy something.",
-          "empty suitcase bag shop shopping market paid money flew trip"),
+          "empty suitcase bag shop shopping market paid money flew trip", kind="goods"),
     Twist("Is {name} training for something?", "{name} trains: it was all about training.",
           "cold warm pool gym complained sport race run runner fit"),
-    Twist("Does the story involve swimming?", "{name} swims: swimming in the water.",
+    Twist("Does the story involve swimming?", "{name} swims every day: swimming in cold water.",
           "pool cold warm water sea beach lake river complained"),
-    Twist("Was something not allowed?", "It was not allowed.", "left checkout glad rule banned hotel forbidden"),
+    Twist("Was something not allowed?", "The place did not allow it.",
+          "left checkout glad rule banned hotel forbidden"),
+    Twist("Did {name} move somewhere else?", "{name} moved to another place.",
+          "left checkout glad one night after go"),
     Twist("Does the story involve money?", "Money was the problem.", "paid price cost expensive cheap bankrupt"),
     Twist("Does the story involve a child?", "A child was part of it.", "family room kids toy school"),
     Twist("Does the story involve an allergy?", "Someone had an allergy.", "food ate eat breakfast pet sneeze"),
@@ -157,8 +164,12 @@ HUNCHES: tuple[Twist, ...] = (
 #: follow-ups: after a confirmed hunch of this kind, which one is it?
 KINDS: dict[str, tuple[str, ...]] = {
     "pet": ("dog", "cat", "parrot", "rabbit", "hamster", "goldfish"),
+    "job": ("nurse", "teacher", "engineer", "student", "designer", "chef", "lawyer", "driver", "doctor", "farmer"),
+    "goods": ("tools", "clothes", "books", "food", "gifts", "furniture"),
 }
-_KIND_CLAUSE = {"pet": "The pet is a {value}: {name} has a {value}."}
+_KIND_CLAUSE = {"pet": "The pet is a {value}: {name} travels with a {value}.",
+                "job": "{name} works as a {value}.",
+                "goods": "{name} went to buy {value}: the {value} were for it."}
 
 
 def protagonist(surface: str) -> str:
@@ -194,26 +205,30 @@ class TurtleExpert(Expert):
             half = len(tiers[0]) // 2
             tiers = [tiers[0][:half], tiers[0][half:], tiers[1]]
         confirmed: list[str] = []
+        pending: list[str] = []      # kinds of confirmed hunches, asked after the next explanation
         answered = 0
         for tier in tiers:
             for twist in tier:
                 if self.turns_left <= 1:
                     break
                 reply = yield ("action", twist.question)
-                if not _yes(reply):
-                    continue
-                confirmed.append(twist.explanation)
-                for value in KINDS.get(twist.kind, ()):    # which one? until the host says yes
-                    if self.turns_left <= 1:
-                        break
-                    if _yes((yield ("action", f"Does the story involve a {value}?"))):
-                        confirmed.append(_KIND_CLAUSE[twist.kind].format(name=name, value=value))
-                        break
-            if len(confirmed) > answered and self.turns_left >= 1:
-                answered = len(confirmed)
-                obs = yield ("answer", f"What really happened: {surface} " + " ".join(confirmed))
-                if "captures the whole" in obs:
-                    return
+                if _yes(reply):
+                    confirmed.append(twist.explanation)
+                    pending += [twist.kind] if twist.kind else []
+            for ask_kinds in (False, True):
+                while ask_kinds and pending:
+                    kind = pending.pop(0)
+                    for value in KINDS[kind]:    # which one? until the host says yes
+                        if self.turns_left <= 1:
+                            break
+                        if _yes((yield ("action", f"Does the story involve a {value}?"))):
+                            confirmed.append(_KIND_CLAUSE[kind].format(name=name, value=value))
+                            break
+                if len(confirmed) > answered and self.turns_left >= 1:
+                    answered = len(confirmed)
+                    obs = yield ("answer", f"What really happened: {surface} " + " ".join(confirmed))
+                    if "captures the whole" in obs:
+                        return
         if not answered:
             yield ("answer", f"What really happened: {surface}")
 
