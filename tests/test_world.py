@@ -303,6 +303,29 @@ def test_world_experts_ask_and_depend_on_the_users_answers(world, gym):
         assert without <= 0.6 * got
 
 
+def test_world_turtle_judge_pays_the_hidden_story_not_the_template(world):
+    """TurtleGym's judge on the world's stories (words the title and surface show are no evidence; a fact needs
+    more than half of its other words): the surface, and the name with the templates' frequent word ("kate's
+    work"), earn nothing; the solution earns all. The expert, asking the host, explains 95% or more, and
+    asks which job / pet / goods only after its first explanation (an episode of a few turns still answers)."""
+    from mimesis_lab.envs.gyms import turtle as turt
+    from mimesis_lab.envs.gyms.experts.turtle import KINDS
+
+    tasks = _gym_tasks(world[0])
+    for t in tasks["turtle"].values():
+        shown, name = f"{t['title']} {t['surface']}", t["surface"].split()[0]
+        assert turt.judge(t["key_facts"], t["surface"], shown=shown) == 0.0, t["id"]
+        assert turt.judge(t["key_facts"], f"{name}'s work: {name} works, for work", shown=shown) == 0.0, t["id"]
+        assert turt.judge(t["key_facts"], t["solution"], shown=shown) == 1.0, t["id"]
+    traces = [expert_trace(r, tasks) for r in MODULES["turtle"].build_rows(tasks["turtle"], "train")]
+    assert all(traces) and sum(t["total_reward"] for t in traces) >= 0.95 * len(traces)
+    follow_ups = {f"[action] Does the story involve a {v}?" for vs in KINDS.values() for v in vs}
+    for t in traces:
+        replies = [m["content"] for m in t["messages"] if m["role"] == "assistant"]
+        first_answer = next(i for i, r in enumerate(replies) if r.startswith("[answer]"))
+        assert not any(r in follow_ups for r in replies[:first_answer]), replies
+
+
 def test_warm_start_traces_on_the_worlds_training_gyms(stages_run):
     """The agent_traces stage on the world (gyms stage rows of the five training gyms): every row gets a
     rewarded oracle trace, nothing is quarantined, and every gym with a user side asks it."""
