@@ -187,6 +187,19 @@ def test_agent_comparisons_paired_over_tasks_and_users():
     assert eff.agent_vs(None, "grpo", "base", None)["missing_reason"]
 
 
+def test_agent_comparison_says_which_gyms_it_rests_on():
+    csd = eff.agent_vs(AGENT_ROLLOUTS, "csd", "grpo", None, target=">= 0", need_ci=False)
+    # travel: (u1) .5 vs .5, (u2) 0 vs .2 -> means .25 vs .35, diff -.1; search: only u1 pairs (u2's grpo rollout
+    # is invalid), 0 vs 0: no gym signal
+    assert csd["by_gym"] == {"travel": {"n": 2, "a": 0.25, "b": pytest.approx(0.35), "diff": pytest.approx(-0.1),
+                                        "zero": False},
+                             "search": {"n": 1, "a": 0.0, "b": 0.0, "diff": 0.0, "zero": True}}
+    assert csd["diagnosis"] == ("by gym, csd - grpo: travel -0.100 (0.25 vs 0.35, n 2); every rollout scored 0 on "
+                                "search")
+    assert eff.agent_vs(AGENT_ROLLOUTS, "grpo", "base", ["search"])["diagnosis"] == \
+        "by gym, grpo - base: no gym scores above 0; every rollout scored 0 on search"
+
+
 def test_user_matters():
     e = eff.user_matters(AGENT_ROLLOUTS, "grpo")
     # grpo: u1 {travel .5, search 0} mean .25; u2 {travel .2} mean .2 -> pair (u1, u2) over travel/t1: .3
@@ -299,4 +312,4 @@ def test_agent_effects_say_how_much_the_format_grammar_steered_the_training_user
         assert note in out[name]["diagnosis"], name
     assert "diagnosis" not in out["user_matters"]
     free = eff.compute_effects(eff.EffectInputs(agent_rollouts=AGENT_ROLLOUTS, train_gyms=["travel"]))
-    assert "diagnosis" not in free["grpo_vs_warm_start_train"]
+    assert "grammar" not in free["grpo_vs_warm_start_train"]["diagnosis"]     # only the per-gym breakdown

@@ -33,7 +33,7 @@ import numpy as np
 __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
            "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
            "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs", "proportion_ci", "agent_vs",
-           "user_matters", "csd_coach_note_rate",
+           "agent_vs_by_gym", "user_matters", "csd_coach_note_rate",
            "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
            "PHASE_OF"]
 
@@ -411,9 +411,33 @@ def agent_vs(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None, ot
     value = sum(d) / len(d)
     ci = bootstrap_ci(d)
     passed = value > 0 and ci is not None and ci[0] > 0 if need_ci else value >= 0
+    by_gym = agent_vs_by_gym(_agent_scores(rollouts, agent, gs), _agent_scores(rollouts, other, gs))
     e = make_effect(value, ci, target, passed, unit="reward", n=len(d), unpaired=unpaired, ci_unit="task × user",
-                    gyms=sorted(gs) if gs else None)
+                    gyms=sorted(gs) if gs else None, by_gym=by_gym, diagnosis=_by_gym_note(by_gym, agent, other))
     return _flag_identical(e, same_as, f"the agent {agent!r}")
+
+
+def agent_vs_by_gym(a: Mapping[tuple, float], b: Mapping[tuple, float]) -> dict[str, dict]:
+    """What an :func:`agent_vs` difference rests on: per gym, the pairs (``n``), both sides' mean rewards and the
+    mean difference, and ``zero``: every paired rollout of both agents scored 0 (the gym cannot tell them apart).
+    ``a`` / ``b``: :func:`_agent_scores` (keys ``(user, gym, task_id, attempt)``)."""
+    out: dict[str, dict] = {}
+    for k in sorted(set(a) & set(b), key=str):
+        g = out.setdefault(k[1], {"n": 0, "a": 0.0, "b": 0.0, "zero": True})
+        g["n"] += 1
+        g["a"] += a[k]
+        g["b"] += b[k]
+        g["zero"] = g["zero"] and a[k] == 0 and b[k] == 0
+    return {gym: {"n": g["n"], "a": g["a"] / g["n"], "b": g["b"] / g["n"], "diff": (g["a"] - g["b"]) / g["n"],
+                  "zero": g["zero"]} for gym, g in out.items()}
+
+
+def _by_gym_note(by_gym: Mapping[str, Mapping[str, Any]], agent: str, other: str) -> str:
+    moved = [f"{g} {v['diff']:+.3f} ({v['a']:.2f} vs {v['b']:.2f}, n {v['n']})" for g, v in by_gym.items()
+             if not v["zero"]]
+    zero = [g for g, v in by_gym.items() if v["zero"]]
+    note = f"by gym, {agent} - {other}: " + ("; ".join(moved) if moved else "no gym scores above 0")
+    return note + (f"; every rollout scored 0 on {', '.join(zero)}" if zero else "")
 
 
 def user_matters(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None) -> dict:
