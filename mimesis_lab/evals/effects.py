@@ -404,14 +404,15 @@ def agent_vs(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None, ot
     if not rollouts or not agent or not other:
         return missing(target, "eval/agent_eval/rollouts.jsonl or the agent names are missing", unit="reward")
     gs = set(gyms) if gyms is not None else None
-    d, unpaired = paired_differences(_agent_scores(rollouts, agent, gs), _agent_scores(rollouts, other, gs))
+    mine, theirs = _agent_scores(rollouts, agent, gs), _agent_scores(rollouts, other, gs)
+    d, unpaired = paired_differences(mine, theirs)
     if not d:
         return missing(target, f"no valid rollouts pair {agent!r} with {other!r} on gyms {sorted(gs or [])}",
                        unit="reward")
     value = sum(d) / len(d)
     ci = bootstrap_ci(d)
     passed = value > 0 and ci is not None and ci[0] > 0 if need_ci else value >= 0
-    by_gym = agent_vs_by_gym(_agent_scores(rollouts, agent, gs), _agent_scores(rollouts, other, gs))
+    by_gym = agent_vs_by_gym(mine, theirs)
     e = make_effect(value, ci, target, passed, unit="reward", n=len(d), unpaired=unpaired, ci_unit="task × user",
                     gyms=sorted(gs) if gs else None, by_gym=by_gym, diagnosis=_by_gym_note(by_gym, agent, other))
     return _flag_identical(e, same_as, f"the agent {agent!r}")
