@@ -164,9 +164,27 @@ def check(params: Params, frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
     return report
 
 
+def check_episode_budget(params: Params) -> None:
+    """``agent_traces.max_steps`` must not exceed the agent rollouts' ``max_turns`` (``agent_grpo`` and
+    ``agent_csd``, where configured): the experts plan within ``max_steps`` (their last turn answers), so longer
+    traces teach the warm start episodes it may not finish in RL, asking where it must already answer (measured
+    at 16 vs 5: the tiny warm start never answered a TravelGym task). Raises :class:`StageError` naming both keys."""
+    steps = params.agent_traces.max_steps
+    for phase in ("agent_grpo", "agent_csd"):
+        rl = getattr(params, phase, None)
+        if rl is not None and steps > rl.rollout.max_turns:
+            raise StageError(f"agent_traces.max_steps ({steps}) exceeds the agent rollouts' max_turns ({phase}: "
+                             f"{rl.rollout.max_turns}; written in agent_rl.rollout unless the phase overrides it): "
+                             "the warm start would imitate expert episodes longer than the agent may play; set "
+                             "agent_traces.max_steps to at most the agent's max_turns")
+
+
 def build(params: Params, explore_share: float | None = None, seed: int | None = None) -> StageResult:
     """The stage; ``explore_share`` / ``seed`` override ``params.agent_traces`` (defaults
-    :data:`EXPLORE_SHARE` and 0 where the params have no such key)."""
+    :data:`EXPLORE_SHARE` and 0 where the params have no such key). The experts play within
+    ``agent_traces.max_steps`` turns, at most the agent's (:func:`check_episode_budget`); a task they cannot
+    solve within it is quarantined as ``unrewarded``."""
+    check_episode_budget(params)
     cfg = params.agent_traces
     share = float(explore_share if explore_share is not None else cfg.explore_share)
     seed = int(seed if seed is not None else cfg.seed)

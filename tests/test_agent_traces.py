@@ -148,3 +148,33 @@ def test_show_reward_must_match_agent_grpo():
     bad["agent_traces"]["show_reward"] = False
     with pytest.raises(ConfigError, match="show_reward"):
         parse_params(bad)
+
+
+
+def test_traces_must_fit_the_agents_episode_budget():
+    """agent_traces.max_steps above the agent rollouts' max_turns stops the stage naming both keys (the warm
+    start would imitate episodes the agent may not finish); equal or below passes, for either RL phase."""
+    import copy
+
+    import yaml
+
+    from mimesis_lab.config import parse_params
+    from tests.conftest import ROOT
+
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    turns = data["agent_rl"]["rollout"]["max_turns"]
+    assert data["agent_traces"]["max_steps"] <= turns
+    for steps, ok in ((turns, True), (turns - 1, True), (turns + 1, False)):
+        d = copy.deepcopy(data)
+        d["agent_traces"]["max_steps"] = steps
+        if ok:
+            A.check_episode_budget(parse_params(d))
+        else:
+            with pytest.raises(StageError, match=r"agent_traces\.max_steps .*max_turns"):
+                A.check_episode_budget(parse_params(d))
+    d = copy.deepcopy(data)            # a phase's own override counts too
+    d["agent_csd"]["rollout"] = {"max_turns": turns - 1}
+    with pytest.raises(StageError, match="agent_csd"):
+        A.check_episode_budget(parse_params(d))
+    with pytest.raises(StageError, match="max_turns"):           # and build() checks before reading any row
+        A.build(parse_params(d))

@@ -26,6 +26,7 @@ from mimesis_lab.envs.gyms.registry import ALL_GYMS, MODULES, gym_for_row, load_
 from mimesis_lab.io import Quarantine
 from mimesis_lab.world import WorldParams, generate_world
 from mimesis_lab.world.__main__ import main as cli
+from tests.conftest import ROOT
 from mimesis_lab.world.measure import (context_prediction, enactment, lengths, measure_all, read_jsonl,
                                        withholding)
 from mimesis_lab.world.params import CHAT_SOURCES
@@ -327,23 +328,36 @@ def test_world_turtle_judge_pays_the_hidden_story_not_the_template(world):
 
 
 def test_warm_start_traces_on_the_worlds_training_gyms(stages_run):
-    """The agent_traces stage on the world (gyms stage rows of the five training gyms): every row gets a
-    rewarded oracle trace, nothing is quarantined, and every gym with a user side asks it."""
+    """The agent_traces stage on the world (gyms stage rows of the five training gyms), with the experts held to
+    the agent's episode budget (agent_traces.max_steps = agent_rl.rollout.max_turns): every trace fits it and is
+    rewarded, every gym with a user side asks it, and a row whose expert cannot finish in time is quarantined as
+    unrewarded, counted, not dropped (tau's expert needs about 8 turns: none of its rows gets a trace)."""
     from stages import agent_traces as AT
 
     cwd = os.getcwd()
     os.chdir(stages_run["_proj"]["path"])
     try:
-        m = write_result(AT.STAGE, AT.build(C.load_params("params.yaml")))
+        default = C.load_params(ROOT / "params.yaml")      # the default profile's budget
+        budget = default.agent_traces.max_steps
+        assert budget <= default.agent_grpo.rollout.max_turns
+        params = C.load_params("params.yaml")
+        params = params.model_copy(update={"agent_traces": params.agent_traces.model_copy(update={"max_steps": budget})})
+        m = write_result(AT.STAGE, AT.build(params))
+        traces = pl.read_parquet(Path(params.agent_traces.output_dir) / "train.parquet")
     finally:
         os.chdir(cwd)
-    assert m["rows_quarantined"] == 0, m["quarantine_by_reason"]
+    assert m["rows_in"] == m["rows_out"] + m["rows_quarantined"] == 5 * WorldParams().gym_tasks   # train + val rows
+    assert set(m["quarantine_by_reason"]) <= {"unrewarded"}
+    assert m["per_gym"]["tau"].get("quarantined_unrewarded") == WorldParams().gym_tasks
     summary = m["summary"]["train"]
-    assert set(summary) == {"travel", "turtle", "function", "tau", "persuade"}
-    assert m["rows_in"] == m["rows_out"] == len(summary) * WorldParams().gym_tasks   # train + val rows
+    assert set(summary) == {"travel", "turtle", "function", "persuade"}
     for gym, kinds in summary.items():
         assert kinds["oracle"]["mean_reward"] > 0
+        assert kinds["oracle"]["mean_turns"] <= budget
         assert kinds["oracle"]["asked_user_share"] == (0.0 if gym == "function" else 1.0), gym
+    replies = traces["messages"].map_elements(lambda ms: sum(x["role"] == "assistant" for x in ms),
+                                              return_dtype=pl.Int64)
+    assert replies.max() <= budget
     assert m["explore"]["kept"] > 0
 
 
