@@ -15,7 +15,8 @@ mean and 95% t-interval (:func:`mimesis_lab.evals.seeds.t_ci`) and how many chai
 
 Each chain's evaluation is cached under ``<work>/<chain>/cache`` (the ``agent_eval`` rollout cache): a re-run
 evaluates only what changed. Writes ``--out`` (JSON: every chain's per-gym effects and the pooled ones) and prints
-a markdown table. ``--gyms`` picks the gyms (default: the ones where some agent scores: travel, turtle, persuade,
+a markdown table; ``--report`` also writes it as a markdown report (the committed one: ``reports/agent_probe.md``)
+and logs an MLflow run ``agent_probe``. ``--gyms`` picks the gyms (default: the ones where some agent scores: travel, turtle, persuade,
 and the held-out intention); ``train`` in the output pools the training gyms among them.
 """
 from __future__ import annotations
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gyms", nargs="+", default=list(DEFAULT_GYMS))
     ap.add_argument("--work", default="/tmp/agent_probe")
     ap.add_argument("--out", default=None, help="JSON result (default: <work>/probe.json)")
+    ap.add_argument("--report", default=None, help="also write the table as markdown here (e.g. "
+                    "reports/agent_probe.md) and log the pooled effects as the MLflow run `agent_probe`")
     args = ap.parse_args(argv)
     from mimesis_lab.config import load_params
 
@@ -180,9 +183,49 @@ def main(argv: list[str] | None = None) -> int:
     pooled = pool(per_chain)
     result = {"world_seed": args.world_seed, "gym_tasks": args.gym_tasks, "user": "scripted", "chains": per_chain,
               "pooled": pooled}
-    Path(args.out or work / "probe.json").write_text(json.dumps(result, indent=2))
-    print(markdown(per_chain, pooled))
+    out_path = Path(args.out or work / "probe.json")
+    out_path.write_text(json.dumps(result, indent=2))
+    table = markdown(per_chain, pooled)
+    print(table)
+    if args.report:
+        write_report(Path(args.report), table, args, out_path, result)
     return 0
+
+
+def write_report(path: Path, table: str, args: argparse.Namespace, out_path: Path, result: Mapping[str, Any]) -> None:
+    """The markdown report, and one MLflow run ``agent_probe`` (pooled means and chains above 0 as metrics, both
+    files as artifacts) when the project's tracking is on."""
+    from mimesis_lab import tracking
+    from mimesis_lab.config import load_params
+
+    commit = tracking.git_commit(ROOT) or "unknown"
+    head = (f"# Agent effects on unseen tasks (`scripts/agent_probe.py`)\n\n"
+            f"The chains' agents (`base` = warm start, `grpo`, `csd`) on {args.gym_tasks} unseen tasks a gym of a "
+            f"fresh world (seed {args.world_seed}), the scripted user, greedy, at commit `{commit[:12]}`. Each cell: "
+            f"the mean paired (per task) difference, its bootstrap 95% CI over tasks and the pairs; Mean and CI "
+            f"over chains (t-interval). `train` pools the training gyms among those probed.\n\n"
+            f"`python scripts/agent_probe.py --chains {' '.join(args.chains)} --gym-tasks {args.gym_tasks} "
+            f"--world-seed {args.world_seed} --report {path}`\n\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head + table + "\n")
+    params = load_params(ROOT / "params.yaml")
+    if not params.tracking.enabled:
+        return
+    run = tracking.create_run(params.tracking, "agent_probe",
+                              params={"chains": ",".join(args.chains), "world_seed": args.world_seed,
+                                      "gym_tasks": args.gym_tasks, "commit": commit},
+                              tags={"mimesis.kind": "agent_probe"})
+    c, _ = tracking.client(params.tracking)
+    metrics = {}
+    for g, pairs in result["pooled"].items():
+        for p, e in pairs.items():
+            metrics[f"pooled/{g}/{p}"] = float(e["mean"])
+            metrics[f"above_zero/{g}/{p}"] = float(e["above_zero"])
+    tracking.log_metrics(c, run, metrics)
+    c.log_artifact(run, str(out_path))
+    c.log_artifact(run, str(path))
+    c.set_terminated(run, "FINISHED")
+    print(f"[agent_probe] wrote {path}; MLflow run {run}")
 
 
 if __name__ == "__main__":
