@@ -7,7 +7,8 @@ the task ids and the users behind them are new), builds its gym rows with the re
 ``agent_eval`` phase in each chain's folder (its ``base``/``grpo``/``csd`` agents) against the scripted user
 (cooperative, answers from the task's hidden spec: no model, so hundreds of rollouts take about a minute), greedy
 as in ``agent_eval``. Per chain and gym: the paired (per task) differences GRPO - warm start and CSD - GRPO with a
-percentile bootstrap CI over tasks (:func:`mimesis_lab.evals.effects.bootstrap_ci`); pooled over chains: their
+percentile bootstrap CI over tasks, computed as the report computes its agent effects
+(:func:`mimesis_lab.evals.effects.agent_vs`); pooled over chains: their
 mean and 95% t-interval (:func:`mimesis_lab.evals.seeds.t_ci`) and how many chains are above 0.
 
     python scripts/agent_probe.py --chains . .seeds/seed-1235 .seeds/seed-1236 .seeds/seed-1237 \\
@@ -38,18 +39,13 @@ PAIRS = (("grpo", "base"), ("csd", "grpo"))
 DEFAULT_GYMS = ("travel", "turtle", "persuade", "intention")
 
 
-def scores(rollouts: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
-    """``{(agent, gym, task_id): total_reward}`` of the valid rollouts (an invalid one is left out, so its task
-    drops out of that agent's pairs, as in ``agent_eval``'s paired effects)."""
-    return {(r["agent"], r["gym"], str(r["task_id"])): float(r["total_reward"]) for r in rollouts
-            if not r.get("invalid")}
-
-
-def chain_effects(sc: Mapping[tuple[str, str, str], float], gyms: Sequence[str],
+def chain_effects(rollouts: Sequence[Mapping[str, Any]], gyms: Sequence[str],
                   train_gyms: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per gym (and ``train``: the training gyms among ``gyms`` pooled), per pair ``a-b``: the mean paired
-    difference over tasks, its bootstrap CI, the number of pairs and both agents' means."""
-    from mimesis_lab.evals.effects import bootstrap_ci, paired_differences
+    """Per gym (and ``train``: the training gyms among ``gyms`` pooled), per pair ``a-b``: the report's own
+    paired comparison (:func:`mimesis_lab.evals.effects.agent_vs`: pairs over user x gym x task x attempt, invalid
+    rollouts left out by ``agent_eval``'s rule, bootstrap CI) -- its value, CI, pairs, unpaired rollouts -- and
+    both agents' means over the pairs (from its per-gym breakdown)."""
+    from mimesis_lab.evals.effects import agent_vs
 
     out: dict[str, dict[str, Any]] = {}
     groups = {g: (g,) for g in gyms}
@@ -58,15 +54,13 @@ def chain_effects(sc: Mapping[tuple[str, str, str], float], gyms: Sequence[str],
         groups["train"] = pooled
     for name, members in groups.items():
         for a, b in PAIRS:
-            sa = {(g, t): v for (ag, g, t), v in sc.items() if ag == a and g in members}
-            sb = {(g, t): v for (ag, g, t), v in sc.items() if ag == b and g in members}
-            diffs, unpaired = paired_differences(sa, sb)
-            if not diffs:
+            e = agent_vs(rollouts, a, b, members)
+            if e.get("missing_reason"):
                 continue
-            keys = sorted(set(sa) & set(sb), key=str)
+            by_gym = e["by_gym"].values()
             out.setdefault(name, {})[f"{a}-{b}"] = {
-                "value": sum(diffs) / len(diffs), "ci": bootstrap_ci(diffs), "n": len(diffs), "unpaired": unpaired,
-                a: sum(sa[k] for k in keys) / len(keys), b: sum(sb[k] for k in keys) / len(keys)}
+                "value": e["value"], "ci": e["ci"], "n": e["n"], "unpaired": e["unpaired"],
+                a: sum(g["a"] * g["n"] for g in by_gym) / e["n"], b: sum(g["b"] * g["n"] for g in by_gym) / e["n"]}
     return out
 
 
@@ -179,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: agent_eval failed (rc {rc}), see {log}", file=sys.stderr)
             return rc
         rollouts = [json.loads(x) for x in (out / "agent_eval" / "rollouts.jsonl").read_text().splitlines() if x]
-        per_chain[name] = chain_effects(scores(rollouts), args.gyms, train_gyms)
+        per_chain[name] = chain_effects(rollouts, args.gyms, train_gyms)
     pooled = pool(per_chain)
     result = {"world_seed": args.world_seed, "gym_tasks": args.gym_tasks, "user": "scripted", "chains": per_chain,
               "pooled": pooled}

@@ -19,7 +19,8 @@ def _probe():
 
 
 def _r(agent, gym, task, reward, invalid=None):
-    return {"agent": agent, "gym": gym, "task_id": task, "total_reward": reward, "invalid": invalid}
+    return {"agent": agent, "user": "scripted", "gym": gym, "task_id": task, "attempt": 0, "total_reward": reward,
+            "invalid": invalid, "n_turns": 3}
 
 
 def test_chain_effects_pairs_by_task_and_pools_the_training_gyms():
@@ -29,17 +30,20 @@ def test_chain_effects_pairs_by_task_and_pools_the_training_gyms():
                 _r("base", "turtle", "u1", 0.0), _r("grpo", "turtle", "u1", 0.0), _r("csd", "turtle", "u1", 0.0),
                 _r("base", "intention", "i1", -0.2), _r("grpo", "intention", "i1", 0.1),
                 _r("csd", "intention", "i1", 0.9, invalid="user_failed")]     # invalid: its pair drops out
-    sc = P.scores(rollouts)
-    assert ("csd", "intention", "i1") not in sc
-    eff = P.chain_effects(sc, ["travel", "turtle", "intention"], ["travel", "turtle", "persuade"])
+    eff = P.chain_effects(rollouts, ["travel", "turtle", "intention"], ["travel", "turtle", "persuade"])
     t = eff["travel"]["grpo-base"]
     assert t["value"] == pytest.approx(0.5) and t["n"] == 2 and (t["grpo"], t["base"]) == (1.0, 0.5)
     assert eff["travel"]["csd-grpo"]["value"] == pytest.approx(-0.25)
     assert eff["intention"]["grpo-base"]["value"] == pytest.approx(0.3)
     assert "csd-grpo" not in eff["intention"]                        # no valid csd rollout to pair
-    # "train" pools travel and turtle (intention is held out): (1 + 0 + 0) / 3
-    assert eff["train"]["grpo-base"]["value"] == pytest.approx(1 / 3) and eff["train"]["grpo-base"]["n"] == 3
+    # "train" pools travel and turtle (intention is held out): (1 + 0 + 0) / 3; means over the 3 pairs
+    tr = eff["train"]["grpo-base"]
+    assert tr["value"] == pytest.approx(1 / 3) and tr["n"] == 3
+    assert (tr["grpo"], tr["base"]) == (pytest.approx(2 / 3), pytest.approx(1 / 3))
     assert eff["travel"]["grpo-base"]["ci"][0] <= 0.5 <= eff["travel"]["grpo-base"]["ci"][1]
+    # an agent failure (context overflow after some turns) is scored, as agent_eval scores it
+    over = rollouts + [_r("base", "persuade", "p1", 0.0, invalid="context_overflow"), _r("grpo", "persuade", "p1", 0.2)]
+    assert P.chain_effects(over, ["persuade"], ["persuade"])["persuade"]["grpo-base"]["n"] == 1
 
 
 def test_pool_over_chains():

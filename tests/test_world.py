@@ -26,7 +26,6 @@ from mimesis_lab.envs.gyms.registry import ALL_GYMS, MODULES, gym_for_row, load_
 from mimesis_lab.io import Quarantine
 from mimesis_lab.world import WorldParams, generate_world
 from mimesis_lab.world.__main__ import main as cli
-from tests.conftest import ROOT
 from mimesis_lab.world.measure import (context_prediction, enactment, lengths, measure_all, read_jsonl,
                                        withholding)
 from mimesis_lab.world.params import CHAT_SOURCES
@@ -36,6 +35,7 @@ from mimesis_lab.world.users import world_user
 from stages import behavior_tasks as BT, behaviors as B, gyms as G, role_swap as R, splits as S, thoughttrace as T
 from stages import tokenizer as TK
 from stages.common import write_result
+from tests.conftest import ROOT
 
 SMALL = dict(users=24, chats_per_user=2, thoughttrace_conversations=40, abcd_scenarios=10, gym_tasks=4)
 
