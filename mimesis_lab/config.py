@@ -228,7 +228,10 @@ class AgentTracesParams(Section):
     gyms_dir: str = Field("data/gyms", description="Output folder of the `gyms` stage ({train,val}.parquet are read).")
     show_reward: bool = Field(True, description="Append `Reward: r` to the tool feedback; must equal "
                               "agent_rl.rollout.show_reward so SFT and RL see the same interface.")
-    max_steps: int = Field(16, ge=1, description="Gym steps per oracle episode.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Gym steps per oracle episode, at most the agent's `max_turns` (checked); null: the "
+        "agent's episode budget, the smaller of agent_grpo's and agent_csd's rollout.max_turns (16 when neither "
+        "is configured).")
     explore_share: float = Field(0.25, ge=0, lt=1, description="Share of the output traces that are exploratory "
                                  "(rewarded but not the expert's best play: another question order, an extra "
                                  "question, an earlier answer), so RL has choices to weigh.")

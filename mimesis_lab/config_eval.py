@@ -116,6 +116,10 @@ class EvalUserParams(Section):
     max_new_tokens: int = Field(32, ge=1, description="Tokens per user reply.")
     temperature: float = Field(0.0, ge=0, description="User sampling temperature.")
     timeout_s: float = Field(60.0, gt=0, description="Per-reply timeout (a timeout makes the cell invalid).")
+    tasks_per_gym: int | None = Field(
+        None, gt=0, description="At most this many tasks per gym for this user (the first of the gym's evaluated "
+        "tasks, so every user's tasks are a prefix of the longest list); null: agent_eval.tasks_per_gym. A cheap "
+        "user (`scripted`) can play every task while a model user plays a few.")
 
     @model_validator(mode="after")
     def _needs(self) -> "EvalUserParams":
@@ -143,7 +147,8 @@ class AgentEvalParams(Section):
                             description="UserRL rows to evaluate on (val rows of the training gyms, test rows of "
                             "the held-out gyms).")
     gyms: list[str] = Field(default_factory=lambda: list(ALL_GYMS), description="Gyms to evaluate.")
-    tasks_per_gym: int | None = Field(None, gt=0, description="At most this many tasks per gym (null: all).")
+    tasks_per_gym: int | None = Field(None, gt=0, description="At most this many tasks per gym (null: all), the "
+                                      "first in natural task-id order; a user's own tasks_per_gym overrides it.")
     pass_k: int = Field(1, ge=1, description="Attempts per task; a task passes when any attempt succeeds.")
     rollout: AgentRolloutParams = Field(
         default_factory=lambda: AgentRolloutParams(temperature=0.0, max_turns=16),
@@ -172,6 +177,17 @@ class AgentEvalParams(Section):
                 raise ValueError(f"agent_eval.users.{name} is the training user ({train}); evaluation users must "
                                  "differ from the training user")
         return self
+
+    def user_tasks_per_gym(self, user: str) -> int | None:
+        """Tasks per gym that evaluation user ``user`` plays (its own ``tasks_per_gym``, else the section's;
+        None: all)."""
+        own = self.users[user].tasks_per_gym
+        return own if own is not None else self.tasks_per_gym
+
+    def max_tasks_per_gym(self) -> int | None:
+        """Tasks per gym selected for evaluation: the most any user plays (None: all)."""
+        counts = [self.user_tasks_per_gym(u) for u in self.users] or [self.tasks_per_gym]
+        return None if any(c is None for c in counts) else max(counts)
 
 
 class ReportParams(Section):

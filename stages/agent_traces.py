@@ -164,28 +164,39 @@ def check(params: Params, frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
     return report
 
 
+def episode_budget(params: Params) -> int:
+    """The warm start's episode length: ``agent_traces.max_steps``, or when null the agent's own budget, the
+    smaller ``rollout.max_turns`` of ``agent_grpo`` and ``agent_csd`` (16, UserRL's, when neither is configured)."""
+    steps = params.agent_traces.max_steps
+    if steps is not None:
+        return steps
+    turns = [rl.rollout.max_turns for rl in (getattr(params, p, None) for p in ("agent_grpo", "agent_csd")) if rl]
+    return min(turns, default=16)
+
+
 def check_episode_budget(params: Params) -> None:
     """``agent_traces.max_steps`` must not exceed the agent rollouts' ``max_turns`` (``agent_grpo`` and
     ``agent_csd``, where configured): the experts plan within ``max_steps`` (their last turn answers), so longer
     traces teach the warm start episodes it may not finish in RL, asking where it must already answer (measured
     at 16 vs 5: the tiny warm start never answered a TravelGym task). Raises :class:`StageError` naming both keys."""
-    steps = params.agent_traces.max_steps
+    steps = episode_budget(params)
     for phase in ("agent_grpo", "agent_csd"):
         rl = getattr(params, phase, None)
         if rl is not None and steps > rl.rollout.max_turns:
             raise StageError(f"agent_traces.max_steps ({steps}) exceeds the agent rollouts' max_turns ({phase}: "
                              f"{rl.rollout.max_turns}; written in agent_rl.rollout unless the phase overrides it): "
                              "the warm start would imitate expert episodes longer than the agent may play; set "
-                             "agent_traces.max_steps to at most the agent's max_turns")
+                             "agent_traces.max_steps to at most the agent's max_turns (or null: the agent's own)")
 
 
 def build(params: Params, explore_share: float | None = None, seed: int | None = None) -> StageResult:
     """The stage; ``explore_share`` / ``seed`` override ``params.agent_traces`` (defaults
     :data:`EXPLORE_SHARE` and 0 where the params have no such key). The experts play within
-    ``agent_traces.max_steps`` turns, at most the agent's (:func:`check_episode_budget`); a task they cannot
-    solve within it is quarantined as ``unrewarded``."""
+    ``agent_traces.max_steps`` turns (:func:`episode_budget`), at most the agent's
+    (:func:`check_episode_budget`); a task they cannot solve within it is quarantined as ``unrewarded``."""
     check_episode_budget(params)
     cfg = params.agent_traces
+    steps = episode_budget(params)
     share = float(explore_share if explore_share is not None else cfg.explore_share)
     seed = int(seed if seed is not None else cfg.seed)
     if not 0 <= share < 1:
@@ -213,7 +224,7 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
             if gym not in tasks_cache and gym in experts.ORACLE_GYMS:
                 tasks_cache[gym] = load_tasks_or_unreadable(gym, params.gyms.tasks.get(gym),
                                                             **params.gyms.task_options(gym))
-            rec, reason = trace_row(row, tasks_cache, cfg.show_reward, cfg.max_steps)
+            rec, reason = trace_row(row, tasks_cache, cfg.show_reward, steps)
             c = per_gym.setdefault(gym, Counter())
             if rec is None:
                 quarantine.add(str(path), i, reason, json.dumps({k: row.get(k) for k in ("gym", "task_id", "split")}))
@@ -222,7 +233,7 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
                 kept.append((row, rec))
                 c[split] += 1
         rows_out += len(kept)
-        extra_rows = explore_rows(kept, tasks_cache, cfg.show_reward, cfg.max_steps, share,
+        extra_rows = explore_rows(kept, tasks_cache, cfg.show_reward, steps, share,
                                   zlib.crc32(f"{seed}:{split}".encode()), explore)
         for rec in extra_rows:
             per_gym[rec["gym"]][f"{split}_exploratory"] += 1
@@ -236,7 +247,8 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
     outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
     total = sum(f.height for f in frames.values())
     n_explore = sum(int((f.get_column("kind") == "exploratory").sum()) for f in frames.values())
-    extra = {"sizes": {s: frames[s].height for s in SPLITS}, "per_gym": {g: dict(c) for g, c in per_gym.items()},
+    extra = {"max_steps": steps, "sizes": {s: frames[s].height for s in SPLITS},
+             "per_gym": {g: dict(c) for g, c in per_gym.items()},
              "mean_total_reward": {s: (frames[s].get_column("total_reward").mean() if frames[s].height else None)
                                    for s in SPLITS},
              "summary": {s: gym_summary(frames[s]) for s in SPLITS},

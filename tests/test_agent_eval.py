@@ -344,3 +344,29 @@ def test_pass_k_with_greedy_attempts_is_flagged(world, tmp_path):
 
 def _rows_of(world, gym):
     return [r for r in pl.read_parquet(world["data"]).to_dicts() if r["gym"] == gym]
+
+
+def test_each_user_plays_its_own_number_of_tasks(world, tmp_path):
+    """``users.<u>.tasks_per_gym`` overrides the section's: the cheap scripted user plays every task, another user
+    a prefix of the same ordered list (so the users share their first tasks); the summary says who played how
+    many, and only the tasks past the longest list count as skipped."""
+    n_travel = len({r["task_id"] for r in _rows_of(world, "travel")})
+    assert n_travel >= 2
+    users = {"scripted": EvalUserParams(kind="scripted"), "few": EvalUserParams(kind="scripted", tasks_per_gym=1)}
+    cfg = _cfg(world, {"asker": str(world["tmp"] / "asker")}, users, gyms=("travel",)).model_copy(
+        update={"tasks_per_gym": None})
+    assert (cfg.user_tasks_per_gym("scripted"), cfg.user_tasks_per_gym("few"), cfg.max_tasks_per_gym()) == \
+        (None, 1, None)
+    s = run_agent_eval(cfg, tmp_path / "out", tmp_path / "cache")
+    assert s["settings"]["tasks_by_user"] == {"scripted": {"travel": n_travel}, "few": {"travel": 1}}
+    assert "over_tasks_per_gym" not in s["skipped_rows"]
+    recs = _strip(tmp_path / "out" / "rollouts.jsonl")
+    by_user = {u: [r["task_id"] for r in recs if r["user"] == u] for u in users}
+    assert len(by_user["scripted"]) == n_travel and by_user["few"] == by_user["scripted"][:1]
+    assert s["cells"]["asker"]["few"]["travel"]["rollouts"] == 1
+    # the section's count caps every user without its own; the longest list decides what is skipped
+    capped = cfg.model_copy(update={"tasks_per_gym": 1})
+    assert (capped.user_tasks_per_gym("scripted"), capped.max_tasks_per_gym()) == (1, 1)
+    s2 = run_agent_eval(capped, tmp_path / "out2", tmp_path / "cache")
+    assert s2["settings"]["tasks_by_user"] == {"scripted": {"travel": 1}, "few": {"travel": 1}}
+    assert s2["skipped_rows"]["over_tasks_per_gym"] == n_travel - 1 and s2["counts"]["run"] == 0   # all cached

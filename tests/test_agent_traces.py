@@ -178,3 +178,15 @@ def test_traces_must_fit_the_agents_episode_budget():
         A.check_episode_budget(parse_params(d))
     with pytest.raises(StageError, match="max_turns"):           # and build() checks before reading any row
         A.build(parse_params(d))
+    # null (the schema default): the agent's own budget, the smaller of the two phases' max_turns
+    d = copy.deepcopy(data)
+    d["agent_traces"]["max_steps"] = None
+    assert A.episode_budget(parse_params(d)) == turns
+    d["agent_csd"]["rollout"] = {"max_turns": turns - 1}
+    p = parse_params(d)
+    assert A.episode_budget(p) == turns - 1
+    A.check_episode_budget(p)
+    d = {k: v for k, v in copy.deepcopy(data).items() if k not in ("agent_rl", "agent_grpo", "agent_csd")}
+    d["agent_traces"].pop("max_steps")
+    p = parse_params(d)
+    assert p.agent_traces.max_steps is None and A.episode_budget(p) == 16   # no agent RL configured: UserRL's

@@ -202,9 +202,18 @@ def test_agent_comparison_says_which_gyms_it_rests_on():
 
 def test_user_matters():
     e = eff.user_matters(AGENT_ROLLOUTS, "grpo")
-    # grpo: u1 {travel .5, search 0} mean .25; u2 {travel .2} mean .2 -> pair (u1, u2) over travel/t1: .3
-    assert e["pair"] == ["u1", "u2"] and e["users"] == {"u1": 0.25, "u2": 0.2}
+    # grpo: u1 {travel .5, search 0}; u2 {travel .2}; shared: travel/t1 -> means u1 .5, u2 .2, pair (u1, u2): .3
+    assert e["pair"] == ["u1", "u2"] and e["users"] == {"u1": 0.5, "u2": 0.2}
     assert e["value"] == pytest.approx(0.3) and e["n"] == 1 and e["ci"] is None and not e["passed"]
+    # users with different task counts (agent_eval.users.<u>.tasks_per_gym) are compared on the tasks both played:
+    # u1 plays t1..t3 (1, 0, 0: mean 1/3 over its own), u2 only t1 (0.5). Over their own tasks u2 would look the
+    # higher (.5 > .33) and the spread come out negative (.5 - 1); on the shared t1, u1 is the higher: +0.5.
+    uneven = [_ar("a", "u1", "travel", t, r) for t, r in (("t1", 1.0), ("t2", 0.0), ("t3", 0.0))]
+    uneven.append(_ar("a", "u2", "travel", "t1", 0.5))
+    un = eff.user_matters(uneven, "a")
+    assert un["pair"] == ["u1", "u2"] and un["value"] == 0.5 and un["users"] == {"u1": 1.0, "u2": 0.5}
+    apart = [_ar("a", "u1", "travel", "t1", 1.0), _ar("a", "u2", "travel", "t2", 0.0)]
+    assert "share no task" in eff.user_matters(apart, "a")["missing_reason"]
     same = [_ar("a", u, "travel", t, 1.0) for u in ("u1", "u2") for t in ("t1", "t2")]
     flat = eff.user_matters(same, "a")
     assert flat["value"] == 0.0 and flat["ci"] == [0.0, 0.0] and not flat["passed"]

@@ -193,7 +193,9 @@ def test_params_section():
     assert p.gyms.tasks == {g: None for g in registry.ALL_GYMS} and p.gyms.val_fraction == 0.15
     default = C.load_params(ROOT / "params.yaml").gyms     # the default pipeline plays the world's tasks
     assert default.tasks == {g: f"data/world/gyms/{g}/tasks.json" for g in registry.ALL_GYMS}
-    assert default.model_copy(update={"tasks": p.gyms.tasks}) == p.gyms
+    # and evaluates half of them (30 of the world's 60 a training gym: agent effects with power)
+    assert default.val_fraction == 0.5
+    assert default.model_copy(update={"tasks": p.gyms.tasks, "val_fraction": 0.15}) == p.gyms
     with pytest.raises(C.ConfigError, match=r"`gyms.tasks`.*unknown gym"):
         C.parse_params({**base, "gyms": {"tasks": {"travle": None}}}, "params.yaml")
     with pytest.raises(C.ConfigError, match=r"`gyms.train_gyms`"):

@@ -275,7 +275,7 @@ def test_consumers_accept_rows_without_our_columns(tmp_path):
     from mimesis_lab.evals.agent_eval import select_rows
 
     cfg = SimpleNamespace(data=[str(tmp_path / "all.parquet")], gyms=["turtle", "telepathy", "function", "tau"],
-                          tasks_per_gym=3)
+                          max_tasks_per_gym=lambda: 3)
     skipped = {}
     tasks = {"function": registry.load_tasks("function", REF / "functions.json"),
              "tau": registry.load_tasks("tau"), "turtle": {}, "telepathy": {}}

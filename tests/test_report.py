@@ -147,6 +147,17 @@ def test_report_opens_with_does_it_work():
     assert "Does it work?" not in rep.report_markdown(SIM, AGENT, {})      # no effects given: no section
 
 
+def test_report_says_how_many_tasks_each_user_played():
+    same = {"settings": {"tasks_by_user": {"u1": {"travel": 4, "tau": 4}, "u2": {"travel": 4, "tau": 4}}}}
+    assert rep.tasks_by_user_line(same) is None and rep.tasks_by_user_line({}) is None
+    uneven = {"settings": {"tasks_by_user": {"scripted": {"travel": 30, "search": 30, "tau": 29},
+                                             "sim": {"travel": 4, "search": 4, "tau": 4}}}}
+    line = rep.tasks_by_user_line(uneven)
+    assert line.endswith("`scripted` 29–30, `sim` 4.")
+    md = rep.report_markdown(SIM, {**AGENT, **uneven}, {})
+    assert line in md and md.index(line) < md.index("Rollouts:")
+
+
 def test_report_effects_from_params_have_the_exact_shape(tmp_path, monkeypatch):
     """flows.eval._effects on a project whose outputs are absent except two identical simulator checkpoints: every
     effect present with {value, ci, target, passed}, the missing ones with a reason, the identical pair flagged."""

@@ -6,7 +6,9 @@ evaluation user of ``cfg.users`` (:mod:`mimesis_lab.evals.eval_users`) on the gy
 **Tasks.** Rows of ``cfg.data`` (UserRL rows, :func:`~mimesis_lab.rollout.agent_env.load_gym_rows`)
 whose gym is in ``cfg.gyms`` — UserRL's rows as published too (``gym``/``task_id`` derived from
 ``data_source`` and ``create_kwargs``); the first occurrence of a ``(gym, task_id)`` wins; per gym the
-first ``cfg.tasks_per_gym`` tasks in natural order of ``task_id`` (``travel-2`` < ``travel-10``).
+first tasks in natural order of ``task_id`` (``travel-2`` < ``travel-10``): each user plays the first
+``cfg.user_tasks_per_gym(user)`` of them (its own ``tasks_per_gym``, else the section's), so a cheap user
+(the scripted one) can play every task while a model user plays a prefix of the same list.
 Every row left out is counted by reason in the summary's ``skipped_rows`` (:func:`select_rows`).
 Each task is attempted ``cfg.pass_k`` times. The gym's own randomness (e.g. IntentionGym's drawn
 wishes) is seeded by ``(gym, task_id, attempt)`` only, so every agent and user faces the same
@@ -115,8 +117,8 @@ def select_rows(cfg: Any, skipped: dict[str, int] | None = None,
     under its reason in ``skipped`` (when given): ``unknown_data_source``, ``no_task_id``,
     ``malformed_row`` (the row itself), ``gym_not_evaluated`` (its gym is not in ``cfg.gyms``),
     ``duplicate_task`` (a later row of the same task), ``over_tasks_per_gym`` (past the first
-    ``cfg.tasks_per_gym`` tasks) and — with ``tasks`` (gym → task id → task) — ``task_missing`` /
-    ``malformed_task`` (its task cannot be resolved)."""
+    ``cfg.max_tasks_per_gym()`` tasks: the most any user plays) and — with ``tasks`` (gym → task id →
+    task) — ``task_missing`` / ``malformed_task`` (its task cannot be resolved)."""
     from mimesis_lab.envs.gyms.registry import RowError, TaskLookupError, resolve_task
     from mimesis_lab.rollout.agent_env import load_gym_rows
 
@@ -148,7 +150,7 @@ def select_rows(cfg: Any, skipped: dict[str, int] | None = None,
             by_gym[g][tid] = r
     out = {}
     for g, rows in by_gym.items():
-        tids = sorted(rows, key=_natural)[: cfg.tasks_per_gym]
+        tids = sorted(rows, key=_natural)[: cfg.max_tasks_per_gym()]
         skip("over_tasks_per_gym", len(rows) - len(tids))
         out[g] = [rows[t] for t in tids]
     return out
@@ -431,7 +433,7 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
     for a in agents:
         for u in users:
             for g in cfg.gyms:
-                for r in rows[g]:
+                for r in rows[g][: cfg.user_tasks_per_gym(u)]:
                     tid = str(r["task_id"])
                     task_hash = _sha((tasks.get(g) or {}).get(tid))
                     for k in range(cfg.pass_k):
@@ -489,7 +491,9 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
                    "agent_failures": sum(sum(c["agent_failures"].values()) for c in all_cells)},
         "agents": agents, "users": users,
         "settings": {"gyms": list(cfg.gyms), "tasks_per_gym": cfg.tasks_per_gym, "pass_k": cfg.pass_k,
-                     "rollout": settings, "tasks": {g: len(rs) for g, rs in rows.items()}},
+                     "rollout": settings, "tasks": {g: len(rs) for g, rs in rows.items()},
+                     "tasks_by_user": {u: {g: len(rs[: cfg.user_tasks_per_gym(u)]) for g, rs in rows.items()}
+                                       for u in users}},
         "skipped_rows": dict(sorted(skipped_rows.items())),
         "notes": notes,
     }

@@ -442,8 +442,9 @@ def _by_gym_note(by_gym: Mapping[str, Mapping[str, Any]], agent: str, other: str
 
 
 def user_matters(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None) -> dict:
-    """Does the evaluation user change the outcome? For ``agent``, the per-user mean rewards; value = the mean
-    paired difference between the highest- and the lowest-scoring user over the tasks both have (the spread).
+    """Does the evaluation user change the outcome? For ``agent``, the per-user mean rewards over the tasks every
+    user played (users may play different numbers of tasks: ``agent_eval.users.<u>.tasks_per_gym``); value = the
+    mean paired difference between the highest- and the lowest-scoring user over those tasks (the spread).
     Target: > 0 with the CI excluding 0 (at least two users give different scores). CI: bootstrap over tasks."""
     target = "> 0, CI excludes 0"
     if not rollouts or not agent:
@@ -454,6 +455,10 @@ def user_matters(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None
     if len(by_user) < 2:
         return missing(target, f"agent {agent!r} has valid rollouts with fewer than 2 evaluation users",
                        unit="reward", users=sorted(by_user))
+    shared = set.intersection(*(set(v) for v in by_user.values()))
+    if not shared:
+        return missing(target, f"the evaluation users {sorted(by_user)} share no task", unit="reward")
+    by_user = {u: {k: x for k, x in v.items() if k in shared} for u, v in by_user.items()}
     means = {u: sum(v.values()) / len(v) for u, v in by_user.items()}
     hi, lo = max(means, key=lambda u: (means[u], u)), min(means, key=lambda u: (means[u], u))
     if hi == lo:

@@ -334,6 +334,19 @@ def headline(sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | None) -> 
     return out
 
 
+def tasks_by_user_line(agent: Mapping[str, Any]) -> str | None:
+    """One line naming how many tasks a gym each evaluation user played (``settings.tasks_by_user``), or None
+    when every user played the same tasks."""
+    by_user = ((agent.get("settings") or {}).get("tasks_by_user")) or {}
+    counts = {u: sorted(set(g.values())) for u, g in by_user.items() if g}
+    if len({tuple(c) for c in counts.values()}) <= 1:
+        return None
+    def span(c: list[int]) -> str:
+        return str(c[0]) if len(c) == 1 else f"{c[0]}–{c[-1]}"
+    return ("Tasks a gym, per evaluation user (each user plays the first of the same ordered list, so the users "
+            "share their first tasks): " + ", ".join(f"`{u}` {span(c)}" for u, c in counts.items()) + ".")
+
+
 def report_markdown(sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | None,
                     curves: Mapping[str, Sequence[tuple[int, float]]], links: Mapping[str, str] | None = None,
                     plots: Sequence[str] = (), effects: Mapping[str, Mapping[str, Any]] | None = None,
@@ -351,6 +364,7 @@ def report_markdown(sim: Mapping[str, Any] | None, agent: Mapping[str, Any] | No
                   "A gym where any method's cell is invalid (the evaluation user failed or refused) is left "
                   "out of that user's Mean and MR for every method, so the comparison stays paired.", "",
                   table2_markdown(agent), "",
+                  *([line, ""] if (line := tasks_by_user_line(agent)) else []),
                   f"Rollouts: {c.get('rollouts', 0)} ({c.get('from_cache', 0)} from cache, {c.get('run', 0)} run), "
                   f"invalid rollouts: {c.get('invalid', 0)}, invalid cells: {c.get('invalid_cells', 0)}.", "",
                   "### Per gym", "", per_gym_markdown(agent), ""]
