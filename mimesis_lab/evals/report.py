@@ -341,6 +341,7 @@ def tasks_by_user_line(agent: Mapping[str, Any]) -> str | None:
     counts = {u: sorted(set(g.values())) for u, g in by_user.items() if g}
     if len({tuple(c) for c in counts.values()}) <= 1:
         return None
+
     def span(c: list[int]) -> str:
         return str(c[0]) if len(c) == 1 else f"{c[0]}–{c[-1]}"
     return ("Tasks a gym, per evaluation user (each user plays the first of the same ordered list, so the users "
