@@ -192,12 +192,19 @@ def test_agent_comparison_says_which_gyms_it_rests_on():
     # travel: (u1) .5 vs .5, (u2) 0 vs .2 -> means .25 vs .35, diff -.1; search: only u1 pairs (u2's grpo rollout
     # is invalid), 0 vs 0: no gym signal
     assert csd["by_gym"] == {"travel": {"n": 2, "a": 0.25, "b": pytest.approx(0.35), "diff": pytest.approx(-0.1),
-                                        "zero": False},
-                             "search": {"n": 1, "a": 0.0, "b": 0.0, "diff": 0.0, "zero": True}}
+                                        "zero": False, "turns": [1.0, 1.0]},
+                             "search": {"n": 1, "a": 0.0, "b": 0.0, "diff": 0.0, "zero": True, "turns": [1.0, 1.0]}}
     assert csd["diagnosis"] == ("by gym, csd - grpo: travel -0.100 (0.25 vs 0.35, n 2); every rollout scored 0 on "
                                 "search")
     assert eff.agent_vs(AGENT_ROLLOUTS, "grpo", "base", ["search"])["diagnosis"] == \
         "by gym, grpo - base: no gym scores above 0; every rollout scored 0 on search"
+    # a gym that charges a step pays an agent that stops sooner: the note names the episode lengths when they
+    # differ by half a turn or more (here grpo answers at once, the warm start asks 4 times first)
+    short = [{**_ar("grpo", "u1", "intention", t, -0.05), "n_turns": 1} for t in ("t1", "t2")]
+    long = [{**_ar("base", "u1", "intention", t, -0.25), "n_turns": 5} for t in ("t1", "t2")]
+    e = eff.agent_vs(short + long, "grpo", "base", ["intention"])
+    assert e["by_gym"]["intention"]["turns"] == [1.0, 5.0]
+    assert e["diagnosis"] == "by gym, grpo - base: intention +0.200 (-0.05 vs -0.25, n 2; 1.0 vs 5.0 turns)"
 
 
 def test_user_matters():

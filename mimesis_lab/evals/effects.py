@@ -394,6 +394,12 @@ def _agent_scores(rollouts: Sequence[Mapping[str, Any]], agent: str, gyms: set[s
             and classify(dict(r)) != "invalid"}
 
 
+def _agent_turns(rollouts: Sequence[Mapping[str, Any]], agent: str) -> dict[tuple, float]:
+    """``{(user, gym, task_id, attempt): n_turns}`` of ``agent``'s rollouts (the keys of :func:`_agent_scores`)."""
+    return {(r["user"], r["gym"], str(r["task_id"]), int(r.get("attempt") or 0)): float(r["n_turns"])
+            for r in rollouts if r.get("agent") == agent and isinstance(r.get("n_turns"), (int, float))}
+
+
 def agent_vs(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None, other: str | None,
              gyms: Sequence[str] | None, target: str = "> 0, CI excludes 0", need_ci: bool = True,
              same_as: str | None = None) -> dict:
@@ -412,29 +418,41 @@ def agent_vs(rollouts: Sequence[Mapping[str, Any]] | None, agent: str | None, ot
     value = sum(d) / len(d)
     ci = bootstrap_ci(d)
     passed = value > 0 and ci is not None and ci[0] > 0 if need_ci else value >= 0
-    by_gym = agent_vs_by_gym(mine, theirs)
+    by_gym = agent_vs_by_gym(mine, theirs, _agent_turns(rollouts, agent), _agent_turns(rollouts, other))
     e = make_effect(value, ci, target, passed, unit="reward", n=len(d), unpaired=unpaired, ci_unit="task × user",
                     gyms=sorted(gs) if gs else None, by_gym=by_gym, diagnosis=_by_gym_note(by_gym, agent, other))
     return _flag_identical(e, same_as, f"the agent {agent!r}")
 
 
-def agent_vs_by_gym(a: Mapping[tuple, float], b: Mapping[tuple, float]) -> dict[str, dict]:
+def agent_vs_by_gym(a: Mapping[tuple, float], b: Mapping[tuple, float], turns_a: Mapping[tuple, float] | None = None,
+                    turns_b: Mapping[tuple, float] | None = None) -> dict[str, dict]:
     """What an :func:`agent_vs` difference rests on: per gym, the pairs (``n``), both sides' mean rewards and the
     mean difference, and ``zero``: every paired rollout of both agents scored 0 (the gym cannot tell them apart).
-    ``a`` / ``b``: :func:`_agent_scores` (keys ``(user, gym, task_id, attempt)``)."""
+    ``a`` / ``b``: :func:`_agent_scores` (keys ``(user, gym, task_id, attempt)``). With ``turns_a`` / ``turns_b``
+    (:func:`_agent_turns`): ``turns``, both sides' mean episode length over the pairs, since a gym that charges a
+    step (IntentionGym) also pays an agent that stops asking sooner."""
     out: dict[str, dict] = {}
     for k in sorted(set(a) & set(b), key=str):
-        g = out.setdefault(k[1], {"n": 0, "a": 0.0, "b": 0.0, "zero": True})
+        g = out.setdefault(k[1], {"n": 0, "a": 0.0, "b": 0.0, "zero": True, "ta": 0.0, "tb": 0.0, "nt": 0})
         g["n"] += 1
         g["a"] += a[k]
         g["b"] += b[k]
         g["zero"] = g["zero"] and a[k] == 0 and b[k] == 0
+        if turns_a is not None and turns_b is not None and k in turns_a and k in turns_b:
+            g["ta"] += turns_a[k]
+            g["tb"] += turns_b[k]
+            g["nt"] += 1
     return {gym: {"n": g["n"], "a": g["a"] / g["n"], "b": g["b"] / g["n"], "diff": (g["a"] - g["b"]) / g["n"],
-                  "zero": g["zero"]} for gym, g in out.items()}
+                  "zero": g["zero"], **({"turns": [g["ta"] / g["nt"], g["tb"] / g["nt"]]} if g["nt"] else {})}
+            for gym, g in out.items()}
 
 
 def _by_gym_note(by_gym: Mapping[str, Mapping[str, Any]], agent: str, other: str) -> str:
-    moved = [f"{g} {v['diff']:+.3f} ({v['a']:.2f} vs {v['b']:.2f}, n {v['n']})" for g, v in by_gym.items()
+    def turns(v: Mapping[str, Any]) -> str:      # named only where the episode lengths differ
+        t = v.get("turns")
+        return f"; {t[0]:.1f} vs {t[1]:.1f} turns" if t and abs(t[0] - t[1]) >= 0.5 else ""
+
+    moved = [f"{g} {v['diff']:+.3f} ({v['a']:.2f} vs {v['b']:.2f}, n {v['n']}{turns(v)})" for g, v in by_gym.items()
              if not v["zero"]]
     zero = [g for g, v in by_gym.items() if v["zero"]]
     note = f"by gym, {agent} - {other}: " + ("; ".join(moved) if moved else "no gym scores above 0")
