@@ -383,20 +383,25 @@ def sim_eval_vs(records: Mapping[str, Sequence[Mapping[str, Any]]] | None, sim: 
 
 
 # ----------------------------------------------------------------------------- agents
+def _pair_key(r: Mapping[str, Any]) -> tuple:
+    """What pairs two agents' rollouts: ``(user, gym, task_id, attempt)``."""
+    return r["user"], r["gym"], str(r["task_id"]), int(r.get("attempt") or 0)
+
+
 def _agent_scores(rollouts: Sequence[Mapping[str, Any]], agent: str, gyms: set[str] | None = None
                   ) -> dict[tuple, float]:
     """``{(user, gym, task_id, attempt): total_reward}`` of ``agent``'s scored rollouts (invalid ones left out,
     :func:`~mimesis_lab.evals.agent_eval.classify`)."""
     from mimesis_lab.evals.agent_eval import classify
 
-    return {(r["user"], r["gym"], str(r["task_id"]), int(r.get("attempt") or 0)): float(r.get("total_reward") or 0.0)
+    return {_pair_key(r): float(r.get("total_reward") or 0.0)
             for r in rollouts if r.get("agent") == agent and (gyms is None or r.get("gym") in gyms)
             and classify(dict(r)) != "invalid"}
 
 
 def _agent_turns(rollouts: Sequence[Mapping[str, Any]], agent: str) -> dict[tuple, float]:
     """``{(user, gym, task_id, attempt): n_turns}`` of ``agent``'s rollouts (the keys of :func:`_agent_scores`)."""
-    return {(r["user"], r["gym"], str(r["task_id"]), int(r.get("attempt") or 0)): float(r["n_turns"])
+    return {_pair_key(r): float(r["n_turns"])
             for r in rollouts if r.get("agent") == agent and isinstance(r.get("n_turns"), (int, float))}
 
 
