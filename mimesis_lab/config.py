@@ -399,6 +399,11 @@ class RLPhaseParams(Section):
     micro_rows: int = Field(8, ge=1, description="Rows (simulator rollouts or segments, see sim_rl.encode; agent "
                             "trajectories) per forward/backward (gradient accumulation inside a minibatch).")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the initial policy (`init_from`, "
+                           "kept frozen): L = L_PPO + kl_coef * L_KL, the k3 estimator exp(d) - d - 1 with "
+                           "d = log pi_ref - log pi_theta on the trained tokens (verl's low_var_kl, TRL's GRPO beta); "
+                           "one extra forward without gradient per micro-chunk. 0 = the paper (no KL; nothing "
+                           "loaded). Logged as update/kl_ref.")
     adv_eps: float = Field(1e-6, gt=0, description="Group-normalisation epsilon in (r - mean)/(std + eps).")
     lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")

@@ -157,6 +157,9 @@ class AgentEvalParams(Section):
     cache_dir: str = Field("eval/agent_eval_cache", description="One JSON per finished rollout; a rerun only runs "
                            "what is missing (kept across DVC runs: `persist`).")
     metrics: str = Field("metrics/agent_eval.json", description="DVC metrics file.")
+    workers: int = Field(1, ge=1, description="Processes that play the missing rollouts, an (agent, user) pair at "
+                         "a time (pairs spread by rollout count), each with 1/workers of this process's torch "
+                         "threads: the same batches, rollouts and cache as in one process. 1 = in this process.")
 
     @field_validator("gyms")
     @classmethod

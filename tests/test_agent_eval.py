@@ -202,6 +202,33 @@ def test_resume_runs_only_missing_rollouts(world, tmp_path):
     assert s4["agents"]["asker"] == s1["agents"]["asker"]
 
 
+# ----------------------------------------------------------------------------------- workers
+def test_shard_pairs_spreads_rollouts_and_keeps_agents_together():
+    from mimesis_lab.evals.agent_eval import shard_pairs
+
+    pairs = [("a", "scripted", 240), ("b", "scripted", 240), ("c", "scripted", 240)] + \
+        [(a, u, 32) for a in "abc" for u in ("sim", "prompted")]
+    shards = shard_pairs(pairs, 2)
+    loads = [sum(n for a, u, n in pairs if (a, u) in s) for s in shards]
+    assert sorted(loads) == [432, 480] and sum(len(s) for s in shards) == 9
+    assert all(s == sorted(s) for s in shards)          # agent by agent: each agent loaded once per shard
+    assert shard_pairs(pairs[:1], 4) == [[("a", "scripted")]]     # never more shards than pairs
+    assert shard_pairs(pairs, 1) == [sorted((a, u) for a, u, _ in pairs)]
+
+
+def test_workers_play_the_same_rollouts_as_one_process(world, tmp_path):
+    """``workers: 2`` plays the pairs in two spawned processes: the same records, summary and cache."""
+    cfg = _cfg(world, {"asker": str(world["tmp"] / "asker"), "mute": str(world["tmp"] / "mute")},
+               {"scripted": EvalUserParams(kind="scripted")})
+    one = run_agent_eval(cfg, tmp_path / "one", tmp_path / "cache1")
+    two = run_agent_eval(cfg.model_copy(update={"workers": 2}), tmp_path / "two", tmp_path / "cache2")
+    assert two["counts"] == one["counts"] and two["counts"]["executed"] == 4
+    assert _no_counts(two) == _no_counts(one)
+    assert _strip(tmp_path / "two" / "rollouts.jsonl") == _strip(tmp_path / "one" / "rollouts.jsonl")
+    again = run_agent_eval(cfg.model_copy(update={"workers": 2}), tmp_path / "two", tmp_path / "cache2")
+    assert (again["counts"]["from_cache"], again["counts"]["executed"]) == (4, 0)
+
+
 # ----------------------------------------------------------------------------------- failing users
 class _FixedUser(BackgroundHTTPServer):
     """A loopback OpenAI-style endpoint that always answers ``reply`` (or fails with ``status``)."""

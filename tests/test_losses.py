@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mimesis_lab.rl.losses import csd_loss, ppo_clip_loss
+from mimesis_lab.rl.losses import csd_loss, kl_penalty, ppo_clip_loss
 
 approx = lambda x: pytest.approx(x, rel=1e-5, abs=1e-7)  # noqa: E731
 sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
@@ -13,6 +13,34 @@ sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
 
 def _t(x, grad=False):
     return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
+
+
+# ---------------------------------------------------------------- kl_penalty (k3)
+def test_kl_penalty_value_and_gradient():
+    # d = ref - logp = [0.5, -0.5, 0, (masked)] ; k3 = e^d - d - 1, N = 3
+    # tok0: e^.5 - .5 - 1 = 0.148721 ; tok1: e^-.5 + .5 - 1 = 0.106531 ; tok2: 0
+    # L = 0.255252 / 3 = 0.085084 ; dL/dlogp_k = (1 - e^d_k) / N = [-0.216240, +0.131157, 0, 0]
+    e, ie = math.exp(0.5), math.exp(-0.5)
+    logp = _t([-1.0, -1.0, -2.0, 5.0], grad=True)
+    ref = _t([-0.5, -1.5, -2.0, float("nan")])
+    loss = kl_penalty(logp, ref, _t([1.0, 1.0, 1.0, 0.0]))
+    assert loss.item() == approx((e - 0.5 - 1 + ie + 0.5 - 1) / 3)
+    assert loss.item() == approx(0.0850840)
+    loss.backward()
+    assert logp.grad.tolist() == approx([(1 - e) / 3, (1 - ie) / 3, 0.0, 0.0])
+    assert ref.grad is None
+
+
+def test_kl_penalty_is_zero_on_the_reference_and_non_negative():
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(4, 7, generator=g, dtype=torch.float64)
+    mask = torch.rand(4, 7, generator=g) > 0.3
+    assert kl_penalty(logp, logp.clone(), mask).item() == 0.0
+    assert kl_penalty(logp, logp + torch.randn(4, 7, generator=g, dtype=torch.float64), mask).item() > 0
+    # an impossible reference token (log-prob -inf) is clamped, not an overflow
+    assert math.isfinite(kl_penalty(_t([-1.0]), _t([-float("inf")]), _t([1.0])).item())
+    empty = kl_penalty(_t([0.3], grad=True), _t([0.0]), _t([0.0]))
+    assert empty.item() == 0.0
 
 
 # ---------------------------------------------------------------- ppo_clip_loss

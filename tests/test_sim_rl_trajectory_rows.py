@@ -13,7 +13,7 @@ from mimesis_lab.config import ModelParams
 from mimesis_lab.envs.base import TaskScore
 from mimesis_lab.models import build_tiny_model
 from mimesis_lab.rl.policy import UpdateRow, pad_update_rows, segment_row, token_logprobs, trajectory_row
-from mimesis_lab.rl.ppo import ppo_update
+from mimesis_lab.rl.ppo import kl_term, ppo_update
 from mimesis_lab.rl.sim_batch import build_update_rows
 from mimesis_lab.rollout.sim_rollout import Rollout, Segment, render_prompt
 
@@ -218,3 +218,41 @@ def test_ppo_loss_and_gradients_equal(tok, model, micro_rows):
     assert norm > 0
     for name, g in grads["turn"].items():
         torch.testing.assert_close(grads["trajectory"][name], g, rtol=1e-4, atol=1e-6 * float(norm), msg=name)
+
+
+def test_kl_to_the_initial_policy_adds_its_gradient_only_after_the_policy_moved(tok, model):
+    """``kl_coef > 0``: the loss is L_PPO + kl_coef * L_KL against the frozen reference. Against a reference
+    equal to the policy the KL and its gradient are 0 (same update as without it); against a moved
+    reference the update differs by exactly kl_coef times the KL term's own gradient."""
+    import copy
+
+    rows, _ = build_update_rows(_batch(tok), "exclude", encode="turn")
+    base = types.SimpleNamespace(ppo_epochs=1, minibatches=1, micro_rows=64, clip_eps=0.2)
+    with_kl = types.SimpleNamespace(**vars(base), kl_coef=0.5)
+    grads, stats = {}, {}
+    for name, cfg, ref in (("plain", base, None), ("same_ref", with_kl, copy.deepcopy(model))):
+        engine = RecordingEngine(model)
+        stats[name] = ppo_update(engine, rows, cfg, random.Random(0), tok.pad_token_id, world=1, ref=ref)
+        (grads[name],) = engine.grads
+    assert "update/kl_ref" not in stats["plain"] and stats["same_ref"]["update/kl_ref"] == pytest.approx(0, abs=1e-9)
+    for n, g in grads["plain"].items():
+        torch.testing.assert_close(grads["same_ref"][n], g, rtol=1e-5, atol=1e-8, msg=n)
+
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
+    engine = RecordingEngine(model)
+    out = ppo_update(engine, rows, with_kl, random.Random(0), tok.pad_token_id, world=1, ref=moved)
+    (g_kl,) = engine.grads
+    assert out["update/kl_ref"] > 0
+    b = pad_update_rows(rows, tok.pad_token_id)
+    model.zero_grad()
+    kl = kl_term(moved, b, token_logprobs(model, b["input_ids"], b["attention_mask"], need=b["mask"]))
+    assert float(kl.detach()) == pytest.approx(out["update/kl_ref"], rel=1e-5)
+    (0.5 * kl).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g_kl[n], grads["plain"][n] + p.grad, rtol=1e-4, atol=1e-7, msg=n)
+    model.zero_grad()
+    with pytest.raises(ValueError, match="reference policy"):
+        ppo_update(RecordingEngine(model), rows, with_kl, random.Random(0), tok.pad_token_id, world=1)

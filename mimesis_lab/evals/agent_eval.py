@@ -79,7 +79,7 @@ from mimesis_lab.progress import Progress
 from mimesis_lab.evals.eval_users import (EvalUserSide, checkpoint_fingerprint, check_not_training_user,
                                           user_identity)
 
-__all__ = ["CACHE_VERSION", "SUCCESS_THRESHOLDS", "run_agent_eval", "select_rows",
+__all__ = ["CACHE_VERSION", "SUCCESS_THRESHOLDS", "run_agent_eval", "select_rows", "shard_pairs",
            "rollout_settings", "rollout_key", "classify", "is_success", "cell_from_records", "aggregate"]
 
 log = logging.getLogger(__name__)
@@ -377,6 +377,82 @@ def _run_pair(items: list[_Item], backend: Any, tok: Any, side: EvalUserSide, cf
     return [records[it.key] for it in items]
 
 
+def shard_pairs(pairs: list[tuple[str, str, int]], workers: int) -> list[list[tuple[str, str]]]:
+    """Spread ``(agent, user, rollouts)`` pairs over at most ``workers`` shards, largest pair first onto the
+    shard with the fewest rollouts so far (LPT); each shard lists its pairs agent by agent (one load each).
+    Empty shards are left out, so fewer pairs than workers give fewer shards."""
+    loads = [0] * max(1, min(workers, len(pairs)))
+    shards: list[list[tuple[str, str]]] = [[] for _ in loads]
+    for a, u, n in sorted(pairs, key=lambda p: (-p[2], p[0], p[1])):
+        j = loads.index(min(loads))
+        shards[j].append((a, u))
+        loads[j] += n
+    return [sorted(s) for s in shards if s]
+
+
+def _run_pairs(pairs: list[tuple[str, str, list[_Item]]], cfg: Any, tasks: dict[str, dict[str, Any]],
+               agents: dict[str, dict[str, str]], users: dict[str, dict[str, str]], cache: Path,
+               prog: Progress | None = None):
+    """Play each ``(agent, user, items)`` pair in this process (each agent loaded once, each user side
+    opened once), writing every record to the cache as it comes; yields the records."""
+    with ExitStack() as stack:
+        sides: dict[str, EvalUserSide] = {}
+        by_agent: dict[str, list[tuple[str, list[_Item]]]] = {}
+        for a, u, items in pairs:
+            by_agent.setdefault(a, []).append((u, items))
+        for a, by_user in by_agent.items():
+            backend, tok = _load_agent(agents[a]["path"], cfg.rollout)
+            try:
+                for u, items in by_user:
+                    if u not in sides:
+                        sides[u] = stack.enter_context(EvalUserSide(u, cfg.users[u]))
+                    log.info("agent_eval: %s x %s: %d rollouts", a, u, len(items))
+                    for rec in _run_pair(items, backend, tok, sides[u], cfg, tasks, agents[a]["fingerprint"],
+                                         users[u]["identity"]):
+                        _write_atomic(cache / f"{rec['key']}.json", json.dumps(rec, sort_keys=True))
+                        yield rec
+                    if prog is not None:
+                        prog.update(len(items), agent=a, user=u)
+            finally:
+                backend = tok = None
+                _free()
+
+
+def _worker(pairs: list[tuple[str, str, list[_Item]]], cfg: Any, tasks: dict[str, dict[str, Any]],
+            agents: dict[str, dict[str, str]], users: dict[str, dict[str, str]], cache: str, threads: int) -> int:
+    """One worker process of :func:`_run_in_workers`: its pairs with ``threads`` torch threads; returns the
+    number of rollouts it played (the records are in the cache)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return sum(1 for _ in _run_pairs(pairs, cfg, tasks, agents, users, Path(cache)))
+
+
+def _run_in_workers(shards: list[list[tuple[str, str]]], pairs: list[tuple[str, str, list[_Item]]], cfg: Any,
+                    tasks: dict[str, dict[str, Any]], agents: dict[str, dict[str, str]],
+                    users: dict[str, dict[str, str]], cache: Path, prog: Progress) -> int:
+    """Play the shards in parallel, one spawned process each, this process's torch threads shared out among
+    them; a worker's failure is raised here (the rollouts finished before it stay cached)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import torch
+
+    items = {(a, u): its for a, u, its in pairs}
+    threads = max(1, torch.get_num_threads() // len(shards))
+    log.info("agent_eval: %d workers, %d torch thread(s) each", len(shards), threads)
+    with ProcessPoolExecutor(len(shards), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_worker, [(a, u, items[(a, u)]) for a, u in shard], cfg, tasks, agents, users,
+                               str(cache), threads): shard for shard in shards}
+        n_run = 0
+        for fut in as_completed(futures):
+            n_run += fut.result()
+            shard = futures[fut]
+            prog.update(sum(len(items[p]) for p in shard), agent="+".join(sorted({a for a, _ in shard})))
+    return n_run
+
+
 def _free() -> None:
     """Release the finished agent's memory before the next one is loaded."""
     gc.collect()
@@ -452,26 +528,21 @@ def run_agent_eval(cfg: Any, out_dir: str | os.PathLike | None = None,
         if it.key not in records and it.key not in scheduled:
             scheduled.add(it.key)
             missing.setdefault(it.agent, {}).setdefault(it.user, []).append(it)
-    n_run = 0
+    pairs = [(a, u, items) for a, by_user in missing.items() for u, items in by_user.items()]
     prog = Progress(len(scheduled), "agent_eval", unit="rollout")
-    with ExitStack() as stack:
-        sides: dict[str, EvalUserSide] = {}
-        for a, by_user in missing.items():
-            backend, tok = _load_agent(agents[a]["path"], cfg.rollout)
-            try:
-                for u, items in by_user.items():
-                    if u not in sides:
-                        sides[u] = stack.enter_context(EvalUserSide(u, cfg.users[u]))
-                    log.info("agent_eval: %s x %s: %d rollouts", a, u, len(items))
-                    for rec in _run_pair(items, backend, tok, sides[u], cfg, tasks, agents[a]["fingerprint"],
-                                         users[u]["identity"]):
-                        _write_atomic(cache / f"{rec['key']}.json", json.dumps(rec, sort_keys=True))
-                        records[rec["key"]] = rec
-                        n_run += 1
-                    prog.update(len(items), agent=a, user=u)
-            finally:
-                backend = tok = None
-                _free()
+    shards = shard_pairs([(a, u, len(items)) for a, u, items in pairs], cfg.workers)
+    if len(shards) > 1:
+        n_run = _run_in_workers(shards, pairs, cfg, tasks, agents, users, cache, prog)
+        for key in scheduled:
+            rec = _read_cached(cache / f"{key}.json", key)
+            if rec is None:
+                raise RuntimeError(f"agent_eval: a worker finished without writing rollout {key} to {cache}")
+            records[key] = rec
+    else:
+        n_run = 0
+        for rec in _run_pairs(pairs, cfg, tasks, agents, users, cache, prog):
+            records[rec["key"]] = rec
+            n_run += 1
     prog.close()
 
     final = [{**records[it.key], "agent": it.agent, "user": it.user} for it in plan]

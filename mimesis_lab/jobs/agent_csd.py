@@ -51,7 +51,7 @@ from mimesis_lab.rl.csd import (PlaceboPool, TeacherRow, build_teacher_row, gath
                                 teacher_logprobs_from_prefix, turn_alignment, turn_positions)
 from mimesis_lab.rl.losses import csd_gate, csd_loss, ppo_clip_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_plan, pad_update_rows, policy_state_dict, token_logprobs
-from mimesis_lab.rl.ppo import PPOStats, ppo_update, rollout_summary, start_policy_job
+from mimesis_lab.rl.ppo import PPOStats, kl_term, ppo_update, rollout_summary, start_policy_job
 from mimesis_lab.train.runtime import all_reduce, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
@@ -252,13 +252,18 @@ class CSD:
         return value, n, stats
 
 
-def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int, world: int) -> dict[str, float]:
+def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int, world: int, ref: Any = None
+               ) -> dict[str, float]:
     """PPO clip passes with the CSD term: per minibatch, ``L = L_PPO + alpha * L_CSD``, each the token
-    mean over its own tokens on all ranks (``L_CSD`` over the coached tokens ``csd.tokens(row)``).
-    Same passes, minibatches and zero-weight passes as :func:`mimesis_lab.rl.ppo.ppo_update`."""
+    mean over its own tokens on all ranks (``L_CSD`` over the coached tokens ``csd.tokens(row)``), plus
+    ``kl_coef * L_KL`` over the PPO tokens where ``cfg.kl_coef > 0`` (``ref``: the frozen initial policy),
+    as in GRPO. Same passes, minibatches and zero-weight passes as :func:`mimesis_lab.rl.ppo.ppo_update`."""
     if csd.alpha <= 0:                         # alpha = 0 is the GRPO baseline
-        return ppo_update(engine, rows, cfg, rng, pad_id, world)
-    stats = PPOStats()
+        return ppo_update(engine, rows, cfg, rng, pad_id, world, ref=ref)
+    kl_coef = float(getattr(cfg, "kl_coef", 0.0))
+    if kl_coef > 0 and ref is None:
+        raise ValueError("kl_coef > 0 needs the reference policy (reference_policy(cfg))")
+    stats = PPOStats(with_ref=kl_coef > 0)
     loss_stats = dict.fromkeys(LOSS_STATS, 0.0)
     first = True
     for _ in range(cfg.ppo_epochs):
@@ -280,7 +285,10 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
                     else:
                         logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], need=need)
                     ppo = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
-                    stats.add(ppo, logp, b, cfg.clip_eps, first)
+                    kl = kl_term(ref, b, logp) if kl_coef > 0 else None
+                    stats.add(ppo, logp, b, cfg.clip_eps, first, None if kl is None else float(kl.detach()))
+                    if kl is not None:
+                        ppo = ppo + kl_coef * kl
                     loss = ppo * (float(b["mask"].sum()) / n_tok) * world
                     distill, n_here, s = csd.loss(engine, chunk_rows, b, logp)
                     if n_here and n_csd:
@@ -352,7 +360,8 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
                         random.Random(f"{cfg.seed}:{step}:{rank}:csd"))
             t_post = time.perf_counter() - t_post
             # 3. L = L_PPO + alpha * L_CSD
-            upd = csd_update(engine, rows, csd, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
+            upd = csd_update(engine, rows, csd, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world,
+                             ref=job.ref)
             counts = gather(csd.metrics())
             coach_counts = gather(csd.coach.failure_counts(reset=True))
             all_trajs = [t for part in gather(batch.trajs) for t in part]

@@ -135,7 +135,8 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
                                      before_rollout=refresh, user_server=server)
             # 2. multi-turn GRPO rows; 3. the PPO-clip update
             rows, bstats = build_agent_rows(batch.trajs, cfg.gamma, cfg.adv_eps, cfg.zero_credit, cfg.invalid_policy)
-            upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
+            upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world,
+                             ref=job.ref)
             all_trajs = [t for part in gather(batch.trajs) for t in part]
             all_priv = {k: v for part in gather(batch.privileged) for k, v in part.items()}
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats}

@@ -123,7 +123,8 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
             # 3. judge; 4. FoldGRPO rows and the PPO-clip update
             judged = score_rollouts(rollouts, episodes, judge)      # judge/* counts: failures by reason, retries
             rows, bstats = build_update_rows(rollouts, cfg.invalid_policy, cfg.adv_eps, cfg.encode)
-            upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world)
+            upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world,
+                             ref=job.ref)
             # 5. metrics (rank 0 sees every rank's rollouts)
             all_rollouts = [r for part in gather(rollouts) for r in part]
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats if k != "adv_abs_mean"}

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["ppo_clip_loss", "csd_loss", "csd_gate"]
+__all__ = ["ppo_clip_loss", "kl_penalty", "csd_loss", "csd_gate"]
 
 
 def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
@@ -88,6 +88,35 @@ def ppo_clip_loss(
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
     per_token = -torch.minimum(unclipped, clipped)  # 0 outside the mask (a = 0 there)
+    return _token_mean(per_token, sel)
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL penalty to a frozen reference policy, the non-negative low-variance ``k3`` estimator
+    (Schulman 2020; verl's ``low_var_kl``, TRL's GRPO ``beta`` term) on the sampled tokens::
+
+        d_k  = sg(ref_logp_k) - logp_k            = log pi_ref(y_k | .) - log pi_theta(y_k | .)
+        L_KL = (1/N) * sum_{k in mask} ( exp(d_k) - d_k - 1 )
+
+    ``E_{y ~ pi_theta}[exp(d) - d - 1] = KL(pi_theta || pi_ref)``; each term is ``>= 0`` and 0 exactly where
+    the two log-probs agree. ``dL_KL / dlogp_k = (1 - exp(d_k)) / N``: descending pulls ``logp_k`` toward
+    ``ref_logp_k`` from either side. Not in the paper's recipes (SPEC §2.3: "no KL"); a recipe adds it as
+    ``L = L_PPO + kl_coef * L_KL`` (``kl_coef`` 0 = the paper). ``d_k`` is clamped to ``[-20, 20]`` so a
+    token the reference finds impossible cannot overflow ``exp``.
+
+    Args:
+        logp: current-policy token log-probs (carries the gradient).
+        ref_logp: the reference policy's log-probs of the same tokens, same shape (detached here).
+        mask: same shape; non-zero = token counted.
+    """
+    _check_same_shape("logp", logp, ref_logp=ref_logp, mask=mask)
+    dtype = _compute_dtype(logp)
+    sel = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    lp = torch.where(sel, logp.to(dtype), zero)
+    ref = torch.where(sel, ref_logp.detach().to(dtype), zero)
+    d = (ref - lp).clamp(-20.0, 20.0)
+    per_token = torch.where(sel, torch.exp(d) - d - 1.0, zero)
     return _token_mean(per_token, sel)
 
 

@@ -2,6 +2,11 @@
 recipes. The CSD recipe (``mimesis_lab.jobs.agent_csd``) writes its own copy with the distillation
 term added, so that its loss is visible in one place.
 
+With ``kl_coef > 0`` (not the paper's: SPEC §2.3 has no KL) each micro-chunk adds
+``kl_coef * L_KL`` (:func:`mimesis_lab.rl.losses.kl_penalty`) against a frozen copy of the initial
+policy (:func:`reference_policy`), whose log-probs of the chunk's trained tokens come from one extra
+forward without gradient (:func:`kl_term`).
+
 Loss = the token mean of :func:`mimesis_lab.rl.losses.ppo_clip_loss` over the minibatch's trained
 tokens on *all* ranks: each micro-chunk's loss is weighted ``n_chunk / N * world`` and DeepSpeed
 averages gradients over ranks (÷ world), so the gradient is that of the global token mean whatever
@@ -22,32 +27,36 @@ from typing import Any, Sequence
 
 import torch
 
-from mimesis_lab.rl.losses import ppo_clip_loss
+from mimesis_lab.rl.losses import kl_penalty, ppo_clip_loss
 from mimesis_lab.rl.policy import UpdateRow, micro_chunks, minibatch_plan, pad_update_rows, token_logprobs
 from mimesis_lab.train.checkpoint import CHECKPOINTS, resume_point, run_fingerprint
 from mimesis_lab.train.metrics_log import window_means
 from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, load_ds_config, make_engine,
                                        require_model_folder, say)
 
-__all__ = ["load_rl_ds_config", "policy_engine", "PolicyJob", "start_policy_job", "rollout_summary", "ppo_update",
-           "PPOStats", "zero_weight_pass"]
+__all__ = ["load_rl_ds_config", "policy_engine", "reference_policy", "PolicyJob", "start_policy_job", "rollout_summary",
+           "ppo_update", "kl_term", "PPOStats", "zero_weight_pass"]
 
 
 class PPOStats:
     """Running sums of the update statistics of one step (this rank), reduced over ranks by :meth:`result`."""
 
-    KEYS = ("loss_sum", "tokens", "clipped", "kl_sum", "mismatch_sum", "mismatch_tokens")
+    KEYS = ("loss_sum", "tokens", "clipped", "kl_sum", "mismatch_sum", "mismatch_tokens", "kl_ref_sum")
 
-    def __init__(self) -> None:
+    def __init__(self, with_ref: bool = False) -> None:
+        self.with_ref = with_ref
         self.sums = dict.fromkeys(self.KEYS, 0.0)
         self.opt_steps = 0.0
         self.grad_norm_sum = 0.0
         self.grad_norms = 0.0
 
     def add(self, loss: torch.Tensor, logp: torch.Tensor, batch: dict[str, torch.Tensor], clip_eps: float,
-            first_pass: bool) -> None:
+            first_pass: bool, kl_ref: float | None = None) -> None:
+        """One micro-chunk's PPO loss and log-probs; ``kl_ref``: its :func:`kl_term` value (token mean)."""
         with torch.no_grad():
             n_here = float(batch["mask"].sum())
+            if kl_ref is not None:
+                self.sums["kl_ref_sum"] += kl_ref * n_here
             sel = batch["mask"] != 0
             log_ratio = (logp.detach() - batch["old_logp"])[sel]
             ratio = log_ratio.exp()
@@ -68,11 +77,13 @@ class PPOStats:
             self.grad_norms += 1
 
     def result(self) -> dict[str, float]:
-        loss_sum, tokens, clipped, kl_sum, mm_sum, mm_tok = all_reduce([self.sums[k] for k in self.KEYS])
+        loss_sum, tokens, clipped, kl_sum, mm_sum, mm_tok, kl_ref_sum = all_reduce([self.sums[k] for k in self.KEYS])
         out = {"update/opt_steps": self.opt_steps, "update/tokens": tokens}
         if tokens:
             out.update({"update/ppo_loss": loss_sum / tokens, "update/clip_frac": clipped / tokens,
                         "update/approx_kl": kl_sum / tokens})
+            if self.with_ref:
+                out["update/kl_ref"] = kl_ref_sum / tokens   # k3 KL to the initial policy (kl_coef > 0 only)
         if mm_tok:
             out["update/logp_mismatch"] = mm_sum / mm_tok   # rollout vs trainer log-probs before the first step
         if self.grad_norms:
@@ -86,11 +97,25 @@ def zero_weight_pass(engine) -> torch.Tensor:
     return token_logprobs(engine, dummy, torch.ones_like(dummy))
 
 
-def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, pad_id: int, world: int
-               ) -> dict[str, float]:
+def kl_term(ref: Any, batch: dict[str, torch.Tensor], logp: torch.Tensor) -> torch.Tensor:
+    """``L_KL`` (:func:`~mimesis_lab.rl.losses.kl_penalty`, token mean over ``batch["mask"]``) of the policy's
+    ``logp`` against the frozen reference ``ref`` on the same padded chunk (one forward, no gradient)."""
+    with torch.no_grad():
+        ref_logp = token_logprobs(ref, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
+                                  need=batch["mask"])
+    return kl_penalty(logp, ref_logp, batch["mask"])
+
+
+def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, pad_id: int, world: int,
+               ref: Any = None) -> dict[str, float]:
     """``cfg.ppo_epochs`` passes over this rank's rows, ``cfg.minibatches`` optimizer steps each;
-    every rank runs the same number of backward/step calls. Returns the ``update/*`` metrics."""
-    stats = PPOStats()
+    every rank runs the same number of backward/step calls. Returns the ``update/*`` metrics.
+    ``ref`` (:func:`reference_policy`, given when ``cfg.kl_coef > 0``): the loss per chunk is
+    ``L_PPO + kl_coef * L_KL`` (:func:`kl_term`), and ``update/kl_ref`` is logged."""
+    kl_coef = float(getattr(cfg, "kl_coef", 0.0))
+    if kl_coef > 0 and ref is None:
+        raise ValueError("kl_coef > 0 needs the reference policy (reference_policy(cfg))")
+    stats = PPOStats(with_ref=kl_coef > 0)
     first = True
     for _ in range(cfg.ppo_epochs):
         for part in minibatch_plan(len(rows), cfg.minibatches, rng):
@@ -105,7 +130,10 @@ def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, 
                     logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], b.get("position_ids"),
                                           need=b["mask"])
                     loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
-                    stats.add(loss, logp, b, cfg.clip_eps, first)
+                    kl = kl_term(ref, b, logp) if kl_coef > 0 else None
+                    stats.add(loss, logp, b, cfg.clip_eps, first, None if kl is None else float(kl.detach()))
+                    if kl is not None:
+                        loss = loss + kl_coef * kl
                     engine.backward(loss * (float(b["mask"].sum()) / n_tok) * world, scale_wrt_gas=False)
                 else:
                     engine.backward(zero_weight_pass(engine).sum() * 0.0, scale_wrt_gas=False)
@@ -144,6 +172,17 @@ def policy_engine(phase: str, cfg: Any, ds_config: dict[str, Any]):
     return tokenizer, engine, optimizer
 
 
+def reference_policy(cfg: Any, device: Any = None):
+    """The frozen reference of the KL term: the initial policy (``cfg.init_from``), dropout off, no gradients;
+    ``None`` when ``cfg.kl_coef`` is 0 (the paper's recipes: nothing is loaded)."""
+    if float(getattr(cfg, "kl_coef", 0.0)) <= 0:
+        return None
+    from mimesis_lab.models import disable_dropout, load_model
+
+    ref = disable_dropout(load_model(cfg.init_from)).eval().requires_grad_(False)
+    return ref.to(device) if device is not None else ref
+
+
 @dataclass
 class PolicyJob:
     """What an RL recipe has once its job is open (:func:`start_policy_job`)."""
@@ -159,6 +198,8 @@ class PolicyJob:
     #: When the job's own work began (after the process group, the fingerprint and the resume check; the same
     #: point as the SFT job's): the start of its ``wall_time_s``, model and engine loading included.
     t_start: float
+    #: The frozen initial policy of the KL term (:func:`reference_policy`); None when ``kl_coef`` is 0.
+    ref: Any = None
 
 
 def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_module: str,
@@ -179,7 +220,8 @@ def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_mo
     t_start = time.time()
     tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return PolicyJob(rank, world, fingerprint, resume, tokenizer, engine, optimizer, pad_id, t_start)
+    return PolicyJob(rank, world, fingerprint, resume, tokenizer, engine, optimizer, pad_id, t_start,
+                     reference_policy(cfg, engine.device))
 
 
 def rollout_summary(history: list[dict[str, float]], keys: tuple[str, ...], keep_missing: bool = True
