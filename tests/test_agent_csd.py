@@ -234,3 +234,51 @@ def test_teacher_from_the_student_prefix_cache_matches_full_rows(tiny):
         lp2, cut2 = teacher_logprobs_from_prefix(model, rows[1:2], sid, kv, pad_id=0)
         got2 = gather_teacher_logp(lp2, teacher_index(cut2, [0], 2, width))
     assert torch.allclose(got2[0, 4:7], full[1][torch.tensor([5, 6, 7])], atol=1e-5)
+
+
+def test_csd_update_adds_the_kl_term_as_grpo_does(tiny):
+    """``kl_coef > 0`` in the CSD recipe: against a reference equal to the policy the update is the one without
+    the KL term; against a moved reference it differs by exactly ``kl_coef`` times the KL term's gradient over the
+    PPO tokens (the same term as :func:`mimesis_lab.rl.ppo.ppo_update` adds)."""
+    import copy
+
+    from mimesis_lab.jobs.agent_csd import csd_update
+    from mimesis_lab.rl.ppo import kl_term
+    from tests.test_sim_rl_trajectory_rows import RecordingEngine
+
+    tok, model = tiny
+    trajs = [_traj(tok, "a"), _traj(tok, "b", reply_text="[search] hotel")]
+    rows = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
+                      tuple([0.3 if t.traj_id == "a" else -0.3] * len(t.response_positions())), "g0", t.traj_id)
+            for t in trajs]
+    reason = "They have not asked about my budget yet. Do they need it?"
+
+    def update(kl_coef, ref):
+        cfg = _csd_cfg(turns_per_trajectory=2, placebo=False, leak_check=False, alpha=0.5).model_copy(
+            update={"kl_coef": kl_coef, "minibatches": 1, "micro_rows": 8})
+        csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
+        csd.prepare(trajs, {"a", "b"}, {"a": [reason], "b": [reason]}, {"a": ["Near the beach."],
+                    "b": ["Near the beach."]}, random.Random(0))
+        engine = RecordingEngine(model)
+        out = csd_update(engine, rows, csd, cfg, random.Random(0), tok.pad_token_id, world=1, ref=ref)
+        return out, engine.grads[0]
+
+    plain, g_plain = update(0.0, None)
+    same, g_same = update(0.5, copy.deepcopy(model))
+    assert plain["csd/tokens"] > 0 and "update/kl_ref" not in plain
+    assert same["update/kl_ref"] == pytest.approx(0, abs=1e-9)
+    for n, g in g_plain.items():
+        torch.testing.assert_close(g_same[n], g, rtol=1e-5, atol=1e-8, msg=n)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    out, g_kl = update(0.5, moved)
+    b = pad_update_rows(rows, tok.pad_token_id)
+    model.zero_grad()
+    kl = kl_term(moved, b, token_logprobs(model, b["input_ids"], b["attention_mask"], need=b["mask"]))
+    assert out["update/kl_ref"] == pytest.approx(float(kl.detach()), rel=1e-5) and out["update/kl_ref"] > 0
+    (0.5 * kl).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g_kl[n], g_plain[n] + p.grad, rtol=1e-4, atol=1e-7, msg=n)
+    model.zero_grad()
