@@ -129,7 +129,9 @@ def pieces(repeat: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- a whole run
-TRAINING = ("midtrain", "sft", "sim_rl", "agent_sft", "agent_grpo", "agent_csd")
+#: Training stage -> the phases (jobs) it runs; the agent RL siblings share the stage `agent_rl`.
+TRAINING = {"midtrain": ("midtrain",), "sft": ("sft",), "sim_rl": ("sim_rl",), "agent_sft": ("agent_sft",),
+            "agent_rl": ("agent_grpo", "agent_csd")}
 EPOCH = r"^(?:(\d+) )?"          # a timestamped log prefixes every line with the epoch second
 STAGE_RE = re.compile(EPOCH + r"Running stage '([^']+)'")
 WORK_RE = re.compile(EPOCH + r".* (\w+): done in [\d.]+s \(work ([\d.]+)s")
@@ -167,6 +169,29 @@ def _outputs_mtime(project: Path, stage: str, lock: dict) -> float | None:
         files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else []
         times += [f.stat().st_mtime for f in files]
     return max(times) if times else None
+
+
+def _job_work(project: Path, phase: str) -> float | None:
+    """A training job's own wall time (its ``final`` record) plus the flow's evaluation of its final model."""
+    metrics = _output_dir(project, phase) / "metrics.jsonl"
+    final = [json.loads(x) for x in (metrics.read_text().splitlines() if metrics.is_file() else [])
+             if '"kind": "final"' in x]
+    if not final:
+        return None
+    summary = project / "metrics" / f"{phase}.json"
+    extra = json.loads(summary.read_text()).get("final_eval_wall_time_s") or 0.0 if summary.is_file() else 0.0
+    return final[-1]["wall_time_s"] + extra
+
+
+def _side_by_side(project: Path, stage: str) -> bool:
+    """Whether ``stage``'s jobs ran at once: several phases, each saying ``sibling_jobs: concurrent``."""
+    phases = TRAINING[stage]
+    if len(phases) < 2:
+        return False
+    from mimesis_lab.config import load_params, phase_params
+
+    params = load_params(project / "params.yaml")
+    return all(getattr(phase_params(params, p), "sibling_jobs", "sequential") == "concurrent" for p in phases)
 
 
 def analyse(log: Path, project: Path, mtimes: bool = False) -> dict:
@@ -223,13 +248,9 @@ def analyse(log: Path, project: Path, mtimes: bool = False) -> dict:
         wall = None if start is None or end is None else end - start
         work = s["work_s"]
         if s["stage"] in TRAINING:
-            metrics = _output_dir(project, s["stage"]) / "metrics.jsonl"
-            final = [json.loads(x) for x in (metrics.read_text().splitlines() if metrics.is_file() else [])
-                     if '"kind": "final"' in x]
-            work = final[-1]["wall_time_s"] if final else None
-            summary = project / "metrics" / f"{s['stage']}.json"   # + the flow's evaluation of the final model
-            if work is not None and summary.is_file():
-                work += json.loads(summary.read_text()).get("final_eval_wall_time_s") or 0.0
+            works = [_job_work(project, phase) for phase in TRAINING[s["stage"]]]
+            # side-by-side siblings (agent_rl.sibling_jobs: concurrent) take as long as the longer job
+            work = None if None in works else (max(works) if _side_by_side(project, s["stage"]) else sum(works))
         elif s["stage"] == CODE_STAGE:
             work = 0.0        # writing the code fingerprints for DVC is orchestration: all of its wall time counts
         elif work is None and s["flow_begin"] is not None and s["flow_end"] is not None:

@@ -500,6 +500,12 @@ class AgentGRPOParams(RLPhaseParams):
     invalid_policy: Literal["exclude", "zero"] = Field("exclude", description="As in sim_rl.")
     output_dir: str = Field("models/agent_grpo", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
     save_rollouts: bool = Field(True, description="Write every trajectory to output_dir/rollouts.jsonl.")
+    sibling_jobs: Literal["sequential", "concurrent"] = Field(
+        "sequential", description="When one flow run trains both agent_grpo and agent_csd (the `agent_rl` DVC "
+        "stage): `concurrent` starts the two jobs at once, each with 1/2 of the CPU threads (OMP_NUM_THREADS = "
+        "cores // (2 * world_size)); `sequential` runs them one after the other with every thread. The same "
+        "steps, seeds and data either way (the thread count changes float summation order only). Both phases "
+        "must say `concurrent`.")
 
 
 class CoachParams(Section):

@@ -125,3 +125,69 @@ def test_reasoning_stored_but_never_shown_to_the_agent(job):
     # and not in any token the agent was conditioned on (the decoded streams of every trajectory)
     assert all(SECRET not in json.dumps(x["messages"]) for x in lines)
     assert tok.decode(tok.encode(SECRET, add_special_tokens=False)) == SECRET   # the check is not vacuous
+
+
+def test_siblings_train_side_by_side_in_one_flow_run(tmp_path):
+    """`python -m flows.train --phases agent_grpo agent_csd` (the `agent_rl` DVC stage) with `sibling_jobs:
+    concurrent`: the real Prefect flow starts both DeepSpeed jobs at once (their MLflow child runs overlap in
+    time) under one parent run named `agent_rl`, and both finish with their metrics, models and versions. A
+    rerun for the CSD sibling's settings resumes GRPO from its last checkpoint."""
+    import mlflow
+
+    rows = _gym_rows(tmp_path / "gyms.parquet")
+    _agent(tmp_path, rows)
+    srv = serve_user(lambda raw: REPLY)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["tracking"].update(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_location=str(tmp_path / "art"),
+                              experiment="siblings")
+    params["gyms"]["tasks"] = {g: None for g in params["gyms"]["tasks"]}
+    params["agent_rl"].update(init_from=str(tmp_path / "agent"), data=str(tmp_path / "gyms.parquet"),
+                              gyms={"travel": 1.0, "persuade": 1.0}, steps=2, prompts_per_step=2,
+                              rollouts_per_prompt=2, save_every=1, sibling_jobs="concurrent",
+                              deepspeed_config=str(ROOT / "configs/tiny/ds_rl.json"))
+    params["agent_rl"]["user"].update(kind="openai", openai={**params["agent_rl"]["user"]["openai"],
+                                                             "base_url": f"http://127.0.0.1:{srv.server_port}/v1"})
+    params["agent_rl"]["rollout"].update(max_turns=2, max_new_tokens=16, temperature=0.0)
+    params["agent_grpo"]["output_dir"] = str(tmp_path / "grpo")
+    params["agent_csd"]["output_dir"] = str(tmp_path / "csd")
+    params["agent_csd"]["csd"].update(require_reply=False, placebo=False)
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(ROOT),
+           "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}
+    for key in ("MLFLOW_RUN_ID", "OMP_NUM_THREADS"):
+        env.pop(key, None)
+
+    def train():
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        res = subprocess.run([sys.executable, "-m", "flows.train", "--phases", "agent_grpo", "agent_csd", "--params",
+                              str(tmp_path / "params.yaml")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    try:
+        train()
+        for phase, out in (("agent_grpo", "grpo"), ("agent_csd", "csd")):
+            assert (tmp_path / out / "final" / "config.json").is_file(), phase
+            assert json.loads((tmp_path / "metrics" / f"{phase}.json").read_text())["rollouts_total"] == 8
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        exp = client.get_experiment_by_name("siblings")
+        runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+        parent, grpo, csd = runs["agent_rl"], runs["agent_grpo"], runs["agent_csd"]
+        assert {grpo.data.tags["mlflow.parentRunId"], csd.data.tags["mlflow.parentRunId"]} == {parent.info.run_id}
+        assert all(r.info.status == "FINISHED" for r in (parent, grpo, csd))
+        # side by side: each job started before the other finished
+        assert grpo.info.start_time < csd.info.end_time and csd.info.start_time < grpo.info.end_time
+        assert {"agent_grpo", "agent_csd"} <= set(client.get_registered_model("mimesis-agent").aliases)
+        assert len({v.version for v in client.search_model_versions("name='mimesis-agent'")}) == 2
+
+        # a rerun for the CSD sibling's settings (`dvc repro agent_rl` after `agent_csd.csd.alpha` changed) resumes
+        # GRPO from its last checkpoint: nothing of it is trained again
+        grpo_steps = (tmp_path / "grpo" / "metrics.jsonl").read_text().count('"kind": "train"')
+        params["agent_csd"]["csd"]["alpha"] = 0.02
+        train()
+    finally:
+        srv.shutdown()
+    log = (tmp_path / "grpo" / "job.log").read_text()
+    assert "resumed from" in log and "steps 2->2" in log, log[-2000:]
+    assert (tmp_path / "grpo" / "metrics.jsonl").read_text().count('"kind": "train"') == grpo_steps
+    assert (tmp_path / "grpo" / "final" / "config.json").is_file()
+    assert "resumed from" not in (tmp_path / "csd" / "job.log").read_text()

@@ -157,7 +157,7 @@ def test_stage_runs_recorded_in_mlflow(project):
     assert any(k.startswith("input_sha256.") for k in rs.data.tags)
 
 
-TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl", "agent_traces", "agent_sft", "agent_grpo", "agent_csd"]
+TRAIN_STAGES = ["tokenizer", "midtrain", "sft", "sim_rl", "agent_traces", "agent_sft", "agent_rl"]
 EVAL_STAGES = ["sim_eval", "agent_eval", "report"]
 
 

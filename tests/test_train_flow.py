@@ -120,3 +120,24 @@ def test_prefect_markdown_artifacts(flow_run):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "['midtrain-summary', 'sft-summary', 'train-flow-summary']" in res.stdout
+
+
+def test_concurrent_siblings_and_flow_run_names():
+    """agent_grpo and agent_csd run side by side only when both are asked for and both say so; each job gets
+    half the cores per rank (at least one thread)."""
+    from flows.train import concurrent_siblings, flow_run_name
+    from mimesis_lab.config import load_params
+
+    params = load_params(ROOT / "params.yaml")
+    both = ["agent_grpo", "agent_csd"]
+    assert params.agent_grpo.sibling_jobs == params.agent_csd.sibling_jobs == "concurrent"
+    assert concurrent_siblings(params, both, cores=2) == {"agent_grpo": 1, "agent_csd": 1}
+    assert concurrent_siblings(params, both, cores=16) == {"agent_grpo": 8, "agent_csd": 8}
+    assert concurrent_siblings(params, both, world_size=4, cores=16) == {"agent_grpo": 2, "agent_csd": 2}
+    assert concurrent_siblings(params, both, world_size=4, cores=2) == {"agent_grpo": 1, "agent_csd": 1}
+    assert concurrent_siblings(params, ["agent_grpo"], cores=2) == {}
+    one_says_no = params.model_copy(update={"agent_csd": params.agent_csd.model_copy(
+        update={"sibling_jobs": "sequential"})})
+    assert concurrent_siblings(one_says_no, both, cores=2) == {}
+    assert flow_run_name(["sft"]) == "sft" and flow_run_name(["agent_csd", "agent_grpo"]) == "agent_rl"
+    assert flow_run_name(["midtrain", "sft"]) == "train"
