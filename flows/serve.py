@@ -15,8 +15,9 @@
   with overrides are not recorded by DVC).
 
 Training deployments run one at a time (deployment ``concurrency_limit`` 1, and a global
-concurrency limit ``mimesis-training`` of 1 shared by every training phase, so two jobs never
-share the CPU cores). Each run publishes its summary and MLflow link as Prefect artifacts.
+concurrency limit ``mimesis-training`` of 1 shared by every training phase, so two phases started here
+never share the CPU cores; only the ``agent_rl`` stage of a pipeline run trains its two siblings side by side,
+by design, each job with half the cores). Each run publishes its summary and MLflow link as Prefect artifacts.
 Needs a Prefect server (``PREFECT_API_URL``); the UI launcher sets it.
 """
 from __future__ import annotations
