@@ -184,14 +184,15 @@ def _job_work(project: Path, phase: str) -> float | None:
 
 
 def _side_by_side(project: Path, stage: str) -> bool:
-    """Whether ``stage``'s jobs ran at once: several phases, each saying ``sibling_jobs: concurrent``."""
+    """Whether ``stage``'s jobs ran at once, by the training flow's own rule
+    (:func:`flows.train.concurrent_siblings`)."""
     phases = TRAINING[stage]
     if len(phases) < 2:
         return False
-    from mimesis_lab.config import load_params, phase_params
+    from flows.train import concurrent_siblings
+    from mimesis_lab.config import load_params
 
-    params = load_params(project / "params.yaml")
-    return all(getattr(phase_params(params, p), "sibling_jobs", "sequential") == "concurrent" for p in phases)
+    return bool(concurrent_siblings(load_params(project / "params.yaml"), list(phases)))
 
 
 def analyse(log: Path, project: Path, mtimes: bool = False) -> dict:
