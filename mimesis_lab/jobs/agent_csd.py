@@ -49,9 +49,9 @@ from mimesis_lab.rl.agent_batch import build_agent_rows
 from mimesis_lab.rl.csd import (PlaceboPool, TeacherRow, build_teacher_row, gather_teacher_logp, history_before,
                                 pad_teacher_rows, select_turns, teacher_index, teacher_logprobs,
                                 teacher_logprobs_from_prefix, turn_alignment, turn_positions)
-from mimesis_lab.rl.losses import csd_gate, csd_loss, ppo_clip_loss
+from mimesis_lab.rl.losses import csd_gate, csd_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_plan, pad_update_rows, policy_state_dict, token_logprobs
-from mimesis_lab.rl.ppo import PPOStats, kl_term, ppo_update, rollout_summary, start_policy_job
+from mimesis_lab.rl.ppo import PPOStats, chunk_policy_loss, kl_weight, ppo_update, rollout_summary, start_policy_job
 from mimesis_lab.train.runtime import all_reduce, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
@@ -260,9 +260,7 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
     as in GRPO. Same passes, minibatches and zero-weight passes as :func:`mimesis_lab.rl.ppo.ppo_update`."""
     if csd.alpha <= 0:                         # alpha = 0 is the GRPO baseline
         return ppo_update(engine, rows, cfg, rng, pad_id, world, ref=ref)
-    kl_coef = float(getattr(cfg, "kl_coef", 0.0))
-    if kl_coef > 0 and ref is None:
-        raise ValueError("kl_coef > 0 needs the reference policy (reference_policy(cfg))")
+    kl_coef = kl_weight(cfg, ref)
     stats = PPOStats(with_ref=kl_coef > 0)
     loss_stats = dict.fromkeys(LOSS_STATS, 0.0)
     first = True
@@ -284,11 +282,7 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
                                                        need=need)
                     else:
                         logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], need=need)
-                    ppo = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
-                    kl = kl_term(ref, b, logp) if kl_coef > 0 else None
-                    stats.add(ppo, logp, b, cfg.clip_eps, first, None if kl is None else float(kl.detach()))
-                    if kl is not None:
-                        ppo = ppo + kl_coef * kl
+                    ppo = chunk_policy_loss(logp, b, cfg, stats, first, ref, kl_coef)   # + kl_coef * L_KL
                     loss = ppo * (float(b["mask"].sum()) / n_tok) * world
                     distill, n_here, s = csd.loss(engine, chunk_rows, b, logp)
                     if n_here and n_csd:

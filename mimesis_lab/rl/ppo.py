@@ -35,7 +35,7 @@ from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, 
                                        require_model_folder, say)
 
 __all__ = ["load_rl_ds_config", "policy_engine", "reference_policy", "PolicyJob", "start_policy_job", "rollout_summary",
-           "ppo_update", "kl_term", "PPOStats", "zero_weight_pass"]
+           "ppo_update", "kl_weight", "kl_term", "chunk_policy_loss", "PPOStats", "zero_weight_pass"]
 
 
 class PPOStats:
@@ -106,15 +106,32 @@ def kl_term(ref: Any, batch: dict[str, torch.Tensor], logp: torch.Tensor) -> tor
     return kl_penalty(logp, ref_logp, batch["mask"])
 
 
+def kl_weight(cfg: Any, ref: Any) -> float:
+    """``cfg.kl_coef`` (0 for a section without one), checked: a positive weight needs the reference policy."""
+    kl_coef = float(getattr(cfg, "kl_coef", 0.0))
+    if kl_coef > 0 and ref is None:
+        raise ValueError("kl_coef > 0 needs the reference policy (reference_policy(cfg))")
+    return kl_coef
+
+
+def chunk_policy_loss(logp: torch.Tensor, batch: dict[str, torch.Tensor], cfg: Any, stats: PPOStats,
+                      first_pass: bool, ref: Any = None, kl_coef: float = 0.0) -> torch.Tensor:
+    """One micro-chunk's ``L_PPO`` (:func:`~mimesis_lab.rl.losses.ppo_clip_loss`, recorded in ``stats`` with the
+    chunk's KL), plus ``kl_coef * L_KL`` (:func:`kl_term`) where ``kl_coef > 0``: the policy part of the loss that
+    GRPO and CSD share."""
+    loss = ppo_clip_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], cfg.clip_eps)
+    kl = kl_term(ref, batch, logp) if kl_coef > 0 else None
+    stats.add(loss, logp, batch, cfg.clip_eps, first_pass, None if kl is None else float(kl.detach()))
+    return loss if kl is None else loss + kl_coef * kl
+
+
 def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, pad_id: int, world: int,
                ref: Any = None) -> dict[str, float]:
     """``cfg.ppo_epochs`` passes over this rank's rows, ``cfg.minibatches`` optimizer steps each;
     every rank runs the same number of backward/step calls. Returns the ``update/*`` metrics.
     ``ref`` (:func:`reference_policy`, given when ``cfg.kl_coef > 0``): the loss per chunk is
     ``L_PPO + kl_coef * L_KL`` (:func:`kl_term`), and ``update/kl_ref`` is logged."""
-    kl_coef = float(getattr(cfg, "kl_coef", 0.0))
-    if kl_coef > 0 and ref is None:
-        raise ValueError("kl_coef > 0 needs the reference policy (reference_policy(cfg))")
+    kl_coef = kl_weight(cfg, ref)
     stats = PPOStats(with_ref=kl_coef > 0)
     first = True
     for _ in range(cfg.ppo_epochs):
@@ -129,11 +146,7 @@ def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, 
                     b = pad_update_rows([rows[i] for i in chunks[k]], pad_id, engine.device)
                     logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], b.get("position_ids"),
                                           need=b["mask"])
-                    loss = ppo_clip_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg.clip_eps)
-                    kl = kl_term(ref, b, logp) if kl_coef > 0 else None
-                    stats.add(loss, logp, b, cfg.clip_eps, first, None if kl is None else float(kl.detach()))
-                    if kl is not None:
-                        loss = loss + kl_coef * kl
+                    loss = chunk_policy_loss(logp, b, cfg, stats, first, ref, kl_coef)
                     engine.backward(loss * (float(b["mask"].sum()) / n_tok) * world, scale_wrt_gas=False)
                 else:
                     engine.backward(zero_weight_pass(engine).sum() * 0.0, scale_wrt_gas=False)
