@@ -404,6 +404,14 @@ class RLPhaseParams(Section):
                            "d = log pi_ref - log pi_theta on the trained tokens (verl's low_var_kl, TRL's GRPO beta); "
                            "one extra forward without gradient per micro-chunk. 0 = the paper (no KL; nothing "
                            "loaded). Logged as update/kl_ref.")
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of a replay loss on demonstrations (InstructGPT's "
+                            "PPO-ptx, OpenRLHF's ptx_coef): each optimizer step adds ptx_coef * L_SFT, the token "
+                            "mean cross-entropy of the policy on `ptx_rows` conversations drawn from `ptx_data` "
+                            "(assistant turns trained, as in the SFT phases), so skills the RL signal does not "
+                            "reach are kept. 0 = the paper (off; nothing loaded). Logged as update/ptx_loss.")
+    ptx_data: str | None = Field(None, description="Parquet with a `messages` column (e.g. the warm start's "
+                                 "training split, data/agent_sft/train.parquet) replayed when ptx_coef > 0.")
+    ptx_rows: int = Field(4, ge=1, description="Replayed conversations per optimizer step (ptx_coef > 0).")
     adv_eps: float = Field(1e-6, gt=0, description="Group-normalisation epsilon in (r - mean)/(std + eps).")
     lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(1.0, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio (1: constant).")
@@ -419,6 +427,12 @@ class RLPhaseParams(Section):
     launcher: Literal["deepspeed", "torchrun", "direct"] = Field("deepspeed", description="Launcher used for the job: `direct` (world_size 1 only) starts the job module itself, no launcher process; `torchrun` starts one agent process (a no-op job: 3.6 s against 9.2 s under `deepspeed` on 2 CPU cores, bench/bench_overhead.py); `deepspeed` runs the DeepSpeed runner (hostfiles, multi-node). DeepSpeed does the training in every case.")
     seed: int = Field(1234, description="Row sampling, rollout sampling and update seed.")
     log_every: int = Field(1, gt=0, description="Log every N steps.")
+
+    @model_validator(mode="after")
+    def _ptx_needs_data(self) -> "RLPhaseParams":
+        if self.ptx_coef > 0 and not self.ptx_data:
+            raise ValueError("ptx_coef > 0 needs ptx_data (a parquet with a `messages` column to replay)")
+        return self
 
 
 class SimRLParams(RLPhaseParams):

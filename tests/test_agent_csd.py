@@ -282,3 +282,49 @@ def test_csd_update_adds_the_kl_term_as_grpo_does(tiny):
     for n, p in model.named_parameters():
         torch.testing.assert_close(g_kl[n], g_plain[n] + p.grad, rtol=1e-4, atol=1e-7, msg=n)
     model.zero_grad()
+
+
+def test_csd_update_adds_the_ptx_replay_term_as_grpo_does(tiny):
+    """``ptx_coef > 0`` in the CSD recipe: each optimizer step adds ``ptx_coef * L_SFT`` on the replayed
+    demonstrations, drawn from the update's rng after its minibatch plan, as :func:`ppo_update` does; the gradient
+    is the update's without it plus exactly that term's."""
+    from mimesis_lab.jobs.agent_csd import csd_update
+    from mimesis_lab.rl.losses import sft_loss
+    from mimesis_lab.rl.policy import minibatch_plan
+    from mimesis_lab.rl.ppo import Replay
+    from tests.test_sim_rl_trajectory_rows import RecordingEngine
+
+    tok, model = tiny
+    trajs = [_traj(tok, "a"), _traj(tok, "b", reply_text="[search] hotel")]
+    rows = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
+                      tuple([0.3 if t.traj_id == "a" else -0.3] * len(t.response_positions())), "g0", t.traj_id)
+            for t in trajs]
+    demos = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), (0.0,) * len(t.response_positions()),
+                       (0.0,) * len(t.response_positions()), "ptx", f"ptx-{i}")
+             for i, t in enumerate([_traj(tok, "c", reply_text="[action] What is your budget?"), *trajs])]
+    reason = "They have not asked about my budget yet. Do they need it?"
+
+    def update(replay):
+        cfg = _csd_cfg(turns_per_trajectory=2, placebo=False, leak_check=False, alpha=0.5).model_copy(
+            update={"minibatches": 1, "micro_rows": 8})
+        csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
+        csd.prepare(trajs, {"a", "b"}, {"a": [reason], "b": [reason]}, {"a": ["Near the beach."],
+                    "b": ["Near the beach."]}, random.Random(0))
+        engine = RecordingEngine(model)
+        out = csd_update(engine, rows, csd, cfg, random.Random(0), tok.pad_token_id, world=1, replay=replay)
+        return out, engine.grads[0]
+
+    plain, g_plain = update(None)
+    out, g_ptx = update(Replay(demos, 0.25, 2, {}))
+    assert plain["csd/tokens"] > 0 and "update/ptx_loss" not in plain
+    assert out["csd/loss"] == pytest.approx(plain["csd/loss"], rel=1e-6)
+    rng = random.Random(0)
+    minibatch_plan(len(rows), 1, rng)
+    b = pad_update_rows([demos[i] for i in rng.sample(range(3), 2)], tok.pad_token_id)
+    model.zero_grad()
+    ce = sft_loss(token_logprobs(model, b["input_ids"], b["attention_mask"], need=b["mask"]), b["mask"])
+    assert out["update/ptx_loss"] == pytest.approx(float(ce.detach()), rel=1e-6)
+    (0.25 * ce).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g_ptx[n], g_plain[n] + p.grad, rtol=1e-4, atol=1e-7, msg=n)
+    model.zero_grad()

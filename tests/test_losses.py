@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mimesis_lab.rl.losses import csd_loss, kl_penalty, ppo_clip_loss
+from mimesis_lab.rl.losses import csd_loss, kl_penalty, ppo_clip_loss, sft_loss
 
 approx = lambda x: pytest.approx(x, rel=1e-5, abs=1e-7)  # noqa: E731
 sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
@@ -41,6 +41,20 @@ def test_kl_penalty_is_zero_on_the_reference_and_non_negative():
     assert math.isfinite(kl_penalty(_t([-1.0]), _t([-float("inf")]), _t([1.0])).item())
     empty = kl_penalty(_t([0.3], grad=True), _t([0.0]), _t([0.0]))
     assert empty.item() == 0.0
+
+
+# ---------------------------------------------------------------- sft_loss (the ptx replay term)
+def test_sft_loss_value_and_gradient():
+    # logp = [-0.5, -2.0, -1.0, (masked nan)], N = 3: L = (0.5 + 2.0 + 1.0) / 3 = 7/6 ; dL/dlogp_k = -1/3 on the mask
+    logp = _t([-0.5, -2.0, -1.0, float("nan")], grad=True)
+    loss = sft_loss(logp, _t([1.0, 1.0, 1.0, 0.0]))
+    assert loss.item() == approx(7 / 6)
+    loss.backward()
+    assert logp.grad.tolist() == approx([-1 / 3, -1 / 3, -1 / 3, 0.0])
+    empty = sft_loss(_t([-0.3], grad=True), _t([0.0]))
+    assert empty.item() == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        sft_loss(_t([-0.3, -0.2]), _t([1.0]))
 
 
 # ---------------------------------------------------------------- ppo_clip_loss

@@ -256,3 +256,69 @@ def test_kl_to_the_initial_policy_adds_its_gradient_only_after_the_policy_moved(
     model.zero_grad()
     with pytest.raises(ValueError, match="reference policy"):
         ppo_update(RecordingEngine(model), rows, with_kl, random.Random(0), tok.pad_token_id, world=1)
+
+
+def _replay_file(path, conversations) -> str:
+    import polars as pl
+
+    pl.DataFrame({"messages": conversations}).write_parquet(path)
+    return str(path)
+
+
+def test_ptx_replay_adds_exactly_its_cross_entropy_gradient(tok, model, tmp_path):
+    """``ptx_coef > 0``: each optimizer step adds ptx_coef * L_SFT on ``ptx_rows`` conversations drawn from the
+    update's rng after its minibatch plan; the step's gradient is the plain update's plus exactly that term's, and
+    the replay's cross-entropy is logged. Conversations that cannot be replayed are left out and counted."""
+    from mimesis_lab.chat import tokenize_chat
+    from mimesis_lab.rl.losses import sft_loss
+    from mimesis_lab.rl.policy import minibatch_plan
+    from mimesis_lab.rl.ppo import load_replay
+
+    convs = [[SYSTEM, {"role": "user", "content": a}, {"role": "assistant", "content": r}]
+             for a, r in zip(AGENT, ["<think>late</think>It is 42.", "I want my money back.", "<think>ok</think>Thanks."])]
+    long = [SYSTEM, {"role": "user", "content": AGENT[0]}, {"role": "assistant", "content": " ".join(AGENT * 20)}]
+    path = _replay_file(tmp_path / "replay.parquet", convs + [long, [SYSTEM, {"role": "user", "content": "hi"}]])
+    rows, _ = build_update_rows(_batch(tok), "exclude", encode="turn")
+    base = types.SimpleNamespace(ppo_epochs=1, minibatches=1, micro_rows=64, clip_eps=0.2, seed=0)
+    cfg = types.SimpleNamespace(**vars(base), ptx_coef=0.5, ptx_data=path, ptx_rows=2,
+                                rollout=types.SimpleNamespace(max_total_tokens=100))
+    assert load_replay(base, tok) is None
+    replay = load_replay(cfg, tok)
+    assert len(replay.rows) == 3 and replay.skipped == {"tokenize_error": 0, "too_long": 1, "no_target": 1}
+    ids, mask = tokenize_chat(tok, convs[1])
+    assert replay.rows[1].input_ids == tuple(ids)
+    assert replay.rows[1].positions == tuple(t for t, m in enumerate(mask) if m)
+
+    plain = RecordingEngine(model)
+    stats = ppo_update(plain, rows, base, random.Random(0), tok.pad_token_id, world=1)
+    assert "update/ptx_loss" not in stats
+    engine = RecordingEngine(model)
+    out = ppo_update(engine, rows, cfg, random.Random(0), tok.pad_token_id, world=1, replay=replay)
+    rng = random.Random(0)
+    minibatch_plan(len(rows), 1, rng)
+    pick = rng.sample(range(3), 2)
+    b = pad_update_rows([replay.rows[i] for i in pick], tok.pad_token_id)
+    model.zero_grad()
+    ce = sft_loss(token_logprobs(model, b["input_ids"], b["attention_mask"], need=b["mask"]), b["mask"])
+    assert out["update/ptx_loss"] == pytest.approx(float(ce.detach()), rel=1e-6) and float(ce.detach()) > 0
+    assert out["update/ppo_loss"] == pytest.approx(stats["update/ppo_loss"], rel=1e-6)
+    (0.5 * ce).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(engine.grads[0][n], plain.grads[0][n] + p.grad, rtol=1e-4, atol=1e-7, msg=n)
+    model.zero_grad()
+
+
+def test_ptx_replay_needs_a_file_with_something_to_replay(tok, tmp_path):
+    from mimesis_lab.config import AgentGRPOParams
+    from mimesis_lab.rl.ppo import load_replay
+    from mimesis_lab.train.runtime import TrainConfigError
+
+    with pytest.raises(ValueError, match="ptx_coef > 0 needs ptx_data"):
+        AgentGRPOParams.model_validate({"init_from": "m", "deepspeed_config": "d.json", "steps": 1,
+                                        "prompts_per_step": 1, "rollouts_per_prompt": 2, "ptx_coef": 0.1})
+    cfg = types.SimpleNamespace(ptx_coef=0.1, ptx_data=str(tmp_path / "missing.parquet"), ptx_rows=2, seed=0)
+    with pytest.raises(TrainConfigError, match="missing.parquet"):
+        load_replay(cfg, tok)
+    cfg.ptx_data = _replay_file(tmp_path / "none.parquet", [[SYSTEM, {"role": "user", "content": "hi"}]])
+    with pytest.raises(TrainConfigError, match=r"none.parquet: no conversation to replay is left of 1"):
+        load_replay(cfg, tok)

@@ -51,7 +51,8 @@ from mimesis_lab.rl.csd import (PlaceboPool, TeacherRow, build_teacher_row, gath
                                 teacher_logprobs_from_prefix, turn_alignment, turn_positions)
 from mimesis_lab.rl.losses import csd_gate, csd_loss
 from mimesis_lab.rl.policy import micro_chunks, minibatch_plan, pad_update_rows, policy_state_dict, token_logprobs
-from mimesis_lab.rl.ppo import PPOStats, chunk_policy_loss, kl_weight, ppo_update, rollout_summary, start_policy_job
+from mimesis_lab.rl.ppo import (PPOStats, Replay, chunk_policy_loss, kl_weight, ppo_update, ptx_pass, rollout_summary,
+                                start_policy_job)
 from mimesis_lab.train.runtime import all_reduce, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
@@ -252,14 +253,15 @@ class CSD:
         return value, n, stats
 
 
-def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int, world: int, ref: Any = None
-               ) -> dict[str, float]:
+def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int, world: int, ref: Any = None,
+               replay: Replay | None = None) -> dict[str, float]:
     """PPO clip passes with the CSD term: per minibatch, ``L = L_PPO + alpha * L_CSD``, each the token
     mean over its own tokens on all ranks (``L_CSD`` over the coached tokens ``csd.tokens(row)``), plus
-    ``kl_coef * L_KL`` over the PPO tokens where ``cfg.kl_coef > 0`` (``ref``: the frozen initial policy),
+    ``kl_coef * L_KL`` over the PPO tokens where ``cfg.kl_coef > 0`` (``ref``: the frozen initial policy)
+    and ``ptx_coef * L_SFT`` per optimizer step where ``replay`` is given (:func:`~mimesis_lab.rl.ppo.ptx_pass`),
     as in GRPO. Same passes, minibatches and zero-weight passes as :func:`mimesis_lab.rl.ppo.ppo_update`."""
     if csd.alpha <= 0:                         # alpha = 0 is the GRPO baseline
-        return ppo_update(engine, rows, cfg, rng, pad_id, world, ref=ref)
+        return ppo_update(engine, rows, cfg, rng, pad_id, world, ref=ref, replay=replay)
     kl_coef = kl_weight(cfg, ref)
     stats = PPOStats(with_ref=kl_coef > 0)
     loss_stats = dict.fromkeys(LOSS_STATS, 0.0)
@@ -296,6 +298,7 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
                     csd.loss(engine, [], {"input_ids": dummy}, logp[:, :0])
                     engine.backward(logp.sum() * 0.0, scale_wrt_gas=False)
             first = False
+            ptx_pass(engine, replay, rng, pad_id, stats)        # + ptx_coef * L_SFT where replayed
             stats.optimizer_step(engine)
     out = stats.result()
     a = dict(zip(LOSS_STATS, all_reduce([loss_stats[k] for k in LOSS_STATS])))
@@ -337,7 +340,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
         info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "skipped_rows": skipped, "user": cfg.user.kind,
                 "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit, "csd_alpha": cfg.csd.alpha,
                 "csd_beta": cfg.csd.beta, "coach": cfg.csd.coach.kind, "coach_style": cfg.csd.coach.style,
-                "placebo": cfg.csd.placebo}
+                "placebo": cfg.csd.placebo, **job.info()}
 
         run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
         step = run.start(resume, info)
@@ -355,7 +358,7 @@ def train_agent_csd(phase: str, params: Any) -> dict[str, Any] | None:
             t_post = time.perf_counter() - t_post
             # 3. L = L_PPO + alpha * L_CSD
             upd = csd_update(engine, rows, csd, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world,
-                             ref=job.ref)
+                             ref=job.ref, replay=job.replay)
             counts = gather(csd.metrics())
             coach_counts = gather(csd.coach.failure_counts(reset=True))
             all_trajs = [t for part in gather(batch.trajs) for t in part]

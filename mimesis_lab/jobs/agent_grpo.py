@@ -123,7 +123,7 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
         refresh = (lambda: backend.update_weights(policy_state_dict(engine))) if cfg.rollout.backend == "vllm" \
             else None
         info = {"gym_rows": {g: len(v) for g, v in by_gym.items()}, "skipped_rows": skipped, "user": cfg.user.kind,
-                "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit}
+                "invalid_policy": cfg.invalid_policy, "zero_credit": cfg.zero_credit, **job.info()}
 
         run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
         step = run.start(resume, info)
@@ -136,7 +136,7 @@ def train_agent_grpo(phase: str, params: Any) -> dict[str, Any] | None:
             # 2. multi-turn GRPO rows; 3. the PPO-clip update
             rows, bstats = build_agent_rows(batch.trajs, cfg.gamma, cfg.adv_eps, cfg.zero_credit, cfg.invalid_policy)
             upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world,
-                             ref=job.ref)
+                             ref=job.ref, replay=job.replay)
             all_trajs = [t for part in gather(batch.trajs) for t in part]
             all_priv = {k: v for part in gather(batch.privileged) for k, v in part.items()}
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats}

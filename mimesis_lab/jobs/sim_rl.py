@@ -95,7 +95,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     weights = {ds: t.weight for ds, t in cfg.tasks.items()}
     backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)
     info = {"judge": cfg.judge.kind, "invalid_policy": cfg.invalid_policy,
-            "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped}
+            "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped, **job.info()}
 
     run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
     ok = False
@@ -124,7 +124,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
             judged = score_rollouts(rollouts, episodes, judge)      # judge/* counts: failures by reason, retries
             rows, bstats = build_update_rows(rollouts, cfg.invalid_policy, cfg.adv_eps, cfg.encode)
             upd = ppo_update(engine, rows, cfg, random.Random(f"{cfg.seed}:{step}:update"), pad_id, world,
-                             ref=job.ref)
+                             ref=job.ref, replay=job.replay)
             # 5. metrics (rank 0 sees every rank's rollouts)
             all_rollouts = [r for part in gather(rollouts) for r in part]
             bsum = {k: sum(s[k] for s in gather(bstats)) for k in bstats if k != "adv_abs_mean"}

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["ppo_clip_loss", "kl_penalty", "csd_loss", "csd_gate"]
+__all__ = ["ppo_clip_loss", "kl_penalty", "sft_loss", "csd_loss", "csd_gate"]
 
 
 def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
@@ -118,6 +118,25 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -
     d = (ref - lp).clamp(-20.0, 20.0)
     per_token = torch.where(sel, torch.exp(d) - d - 1.0, zero)
     return _token_mean(per_token, sel)
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The replay (ptx) term: the token-mean negative log-likelihood of demonstration tokens::
+
+        L_SFT = -(1/N) * sum_{k in mask} logp_k
+
+    the SFT phases' cross-entropy on the same tokens. A recipe adds it as ``L + ptx_coef * L_SFT``
+    (InstructGPT's PPO-ptx; ``ptx_coef`` 0 = the paper). ``dL_SFT / dlogp_k = -1/N``.
+
+    Args:
+        logp: policy log-probs of the demonstration's tokens (carries the gradient).
+        mask: same shape; non-zero = a trained (assistant) token.
+    """
+    _check_same_shape("logp", logp, mask=mask)
+    dtype = _compute_dtype(logp)
+    sel = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    return _token_mean(torch.where(sel, -logp.to(dtype), zero), sel)
 
 
 def csd_loss(

@@ -7,6 +7,11 @@ With ``kl_coef > 0`` (not the paper's: SPEC §2.3 has no KL) each micro-chunk ad
 policy (:func:`reference_policy`), whose log-probs of the chunk's trained tokens come from one extra
 forward without gradient (:func:`kl_term`).
 
+With ``ptx_coef > 0`` (not the paper's either; InstructGPT's PPO-ptx) each optimizer step also adds
+``ptx_coef * L_SFT``: the token-mean cross-entropy of the policy on ``ptx_rows`` conversations drawn
+from ``ptx_data`` (:class:`Replay`, :func:`ptx_pass`), the demonstrations the policy was warm-started
+on, so what the RL signal does not reach is not forgotten.
+
 Loss = the token mean of :func:`mimesis_lab.rl.losses.ppo_clip_loss` over the minibatch's trained
 tokens on *all* ranks: each micro-chunk's loss is weighted ``n_chunk / N * world`` and DeepSpeed
 averages gradients over ranks (÷ world), so the gradient is that of the global token mean whatever
@@ -27,7 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mimesis_lab.rl.losses import kl_penalty, ppo_clip_loss
+from mimesis_lab.rl.losses import kl_penalty, ppo_clip_loss, sft_loss
 from mimesis_lab.rl.policy import UpdateRow, micro_chunks, minibatch_plan, pad_update_rows, token_logprobs
 from mimesis_lab.train.checkpoint import CHECKPOINTS, resume_point, run_fingerprint
 from mimesis_lab.train.metrics_log import window_means
@@ -35,13 +40,15 @@ from mimesis_lab.train.runtime import (TrainConfigError, all_reduce, dist_init, 
                                        require_model_folder, say)
 
 __all__ = ["load_rl_ds_config", "policy_engine", "reference_policy", "PolicyJob", "start_policy_job", "rollout_summary",
-           "ppo_update", "kl_weight", "kl_term", "chunk_policy_loss", "PPOStats", "zero_weight_pass"]
+           "ppo_update", "kl_weight", "kl_term", "chunk_policy_loss", "PPOStats", "zero_weight_pass", "Replay",
+           "load_replay", "ptx_pass"]
 
 
 class PPOStats:
     """Running sums of the update statistics of one step (this rank), reduced over ranks by :meth:`result`."""
 
-    KEYS = ("loss_sum", "tokens", "clipped", "kl_sum", "mismatch_sum", "mismatch_tokens", "kl_ref_sum")
+    KEYS = ("loss_sum", "tokens", "clipped", "kl_sum", "mismatch_sum", "mismatch_tokens", "kl_ref_sum",
+            "ptx_sum", "ptx_passes")
 
     def __init__(self, with_ref: bool = False) -> None:
         self.with_ref = with_ref
@@ -77,13 +84,16 @@ class PPOStats:
             self.grad_norms += 1
 
     def result(self) -> dict[str, float]:
-        loss_sum, tokens, clipped, kl_sum, mm_sum, mm_tok, kl_ref_sum = all_reduce([self.sums[k] for k in self.KEYS])
+        loss_sum, tokens, clipped, kl_sum, mm_sum, mm_tok, kl_ref_sum, ptx_sum, ptx_passes = all_reduce(
+            [self.sums[k] for k in self.KEYS])
         out = {"update/opt_steps": self.opt_steps, "update/tokens": tokens}
         if tokens:
             out.update({"update/ppo_loss": loss_sum / tokens, "update/clip_frac": clipped / tokens,
                         "update/approx_kl": kl_sum / tokens})
             if self.with_ref:
                 out["update/kl_ref"] = kl_ref_sum / tokens   # k3 KL to the initial policy (kl_coef > 0 only)
+        if ptx_passes:
+            out["update/ptx_loss"] = ptx_sum / ptx_passes   # replay cross-entropy (ptx_coef > 0 only)
         if mm_tok:
             out["update/logp_mismatch"] = mm_sum / mm_tok   # rollout vs trainer log-probs before the first step
         if self.grad_norms:
@@ -125,12 +135,78 @@ def chunk_policy_loss(logp: torch.Tensor, batch: dict[str, torch.Tensor], cfg: A
     return loss if kl is None else loss + kl_coef * kl
 
 
+@dataclass
+class Replay:
+    """The demonstrations of the ptx term (:func:`load_replay`): one :class:`UpdateRow` per conversation, its
+    trained tokens the ``assistant`` turns' (SFT's loss mask), no log-probs or advantages."""
+
+    rows: list[UpdateRow]
+    coef: float
+    per_step: int
+    #: Conversations left out, by reason (``tokenize_error``, ``too_long``, ``no_target``).
+    skipped: dict[str, int]
+
+
+def load_replay(cfg: Any, tokenizer: Any) -> Replay | None:
+    """The :class:`Replay` of ``cfg.ptx_data`` when ``cfg.ptx_coef > 0`` (else ``None``): each conversation
+    tokenised as the SFT phases do (:func:`mimesis_lab.chat.tokenize_many`, ``assistant`` trained); one longer
+    than the rollout's ``max_total_tokens`` (where the section has one) is left out and counted. An unreadable or
+    empty file, or one where nothing is left, raises :class:`TrainConfigError` naming it."""
+    coef = float(getattr(cfg, "ptx_coef", 0.0))
+    if coef <= 0:
+        return None
+    from mimesis_lab.chat import tokenize_many
+    from mimesis_lab.train.data import DataError, read_conversations
+
+    try:
+        convs = read_conversations(cfg.ptx_data, expand=False, seed=cfg.seed)
+    except DataError as e:
+        raise TrainConfigError(f"ptx_data: {e}") from None
+    limit = getattr(getattr(cfg, "rollout", None), "max_total_tokens", None)
+    skipped = {"tokenize_error": 0, "too_long": 0, "no_target": 0}
+    rows: list[UpdateRow] = []
+    for i, res in enumerate(tokenize_many(tokenizer, convs, "assistant", errors="return")):
+        if isinstance(res, Exception):
+            skipped["tokenize_error"] += 1
+            continue
+        ids, mask = res
+        positions = tuple(t for t, m in enumerate(mask) if m and t > 0)
+        if limit is not None and len(ids) > limit:
+            skipped["too_long"] += 1
+        elif not positions:
+            skipped["no_target"] += 1
+        else:
+            rows.append(UpdateRow(tuple(ids), positions, (0.0,) * len(positions), (0.0,) * len(positions),
+                                  "ptx", f"ptx-{i}"))
+    if not rows:
+        raise TrainConfigError(f"{cfg.ptx_data}: no conversation to replay is left of {len(convs)} "
+                               f"(left out: {skipped})")
+    return Replay(rows, coef, int(cfg.ptx_rows), skipped)
+
+
+def ptx_pass(engine, replay: Replay | None, rng: random.Random, pad_id: int, stats: PPOStats) -> None:
+    """One optimizer step's replay term: ``replay.coef * L_SFT`` backpropagated, ``L_SFT`` the token-mean
+    cross-entropy of ``replay.per_step`` conversations drawn from ``rng`` (without replacement within the
+    draw), on this rank (DeepSpeed averages the ranks' gradients). Nothing happens without a replay."""
+    if replay is None:
+        return
+    pick = rng.sample(range(len(replay.rows)), min(replay.per_step, len(replay.rows)))
+    b = pad_update_rows([replay.rows[i] for i in pick], pad_id, engine.device)
+    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"], b.get("position_ids"), need=b["mask"])
+    ce = sft_loss(logp, b["mask"])
+    engine.backward(ce * replay.coef, scale_wrt_gas=False)
+    stats.sums["ptx_sum"] += float(ce.detach())
+    stats.sums["ptx_passes"] += 1.0
+
+
 def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, pad_id: int, world: int,
-               ref: Any = None) -> dict[str, float]:
+               ref: Any = None, replay: Replay | None = None) -> dict[str, float]:
     """``cfg.ppo_epochs`` passes over this rank's rows, ``cfg.minibatches`` optimizer steps each;
     every rank runs the same number of backward/step calls. Returns the ``update/*`` metrics.
     ``ref`` (:func:`reference_policy`, given when ``cfg.kl_coef > 0``): the loss per chunk is
-    ``L_PPO + kl_coef * L_KL`` (:func:`kl_term`), and ``update/kl_ref`` is logged."""
+    ``L_PPO + kl_coef * L_KL`` (:func:`kl_term`), and ``update/kl_ref`` is logged. ``replay``
+    (:func:`load_replay`, given when ``cfg.ptx_coef > 0``): each optimizer step adds ``ptx_coef * L_SFT``
+    (:func:`ptx_pass`), logged as ``update/ptx_loss``."""
     kl_coef = kl_weight(cfg, ref)
     stats = PPOStats(with_ref=kl_coef > 0)
     first = True
@@ -151,6 +227,7 @@ def ppo_update(engine, rows: Sequence[UpdateRow], cfg: Any, rng: random.Random, 
                 else:
                     engine.backward(zero_weight_pass(engine).sum() * 0.0, scale_wrt_gas=False)
             first = False
+            ptx_pass(engine, replay, rng, pad_id, stats)
             stats.optimizer_step(engine)
     return stats.result()
 
@@ -213,15 +290,25 @@ class PolicyJob:
     t_start: float
     #: The frozen initial policy of the KL term (:func:`reference_policy`); None when ``kl_coef`` is 0.
     ref: Any = None
+    #: The demonstrations of the ptx term (:func:`load_replay`); None when ``ptx_coef`` is 0.
+    replay: Replay | None = None
+
+    def info(self) -> dict[str, Any]:
+        """What the run's info records of the optional terms: the replayed conversations and those left out."""
+        if self.replay is None:
+            return {}
+        return {"ptx_conversations": len(self.replay.rows), "ptx_skipped": dict(self.replay.skipped)}
 
 
 def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_module: str,
                      extra: dict[str, Any] | None = None) -> PolicyJob:
     """The opening every RL recipe shares: the process group (checked against ``cfg.world_size``), the RL
-    DeepSpeed JSON, the run fingerprint (:func:`~mimesis_lab.train.checkpoint.run_fingerprint` over ``inputs``,
-    ``extra`` and ``job_module``'s code), where to resume (fails fast, before any heavy work), and the policy
-    engine with dropout off."""
+    DeepSpeed JSON, the run fingerprint (:func:`~mimesis_lab.train.checkpoint.run_fingerprint` over ``inputs``
+    and ``ptx_data`` where replayed, ``extra`` and ``job_module``'s code), where to resume (fails fast, before any
+    heavy work), the policy engine with dropout off, the KL reference and the ptx replay (when switched on)."""
     rank, world = dist_init()
+    if float(getattr(cfg, "ptx_coef", 0.0)) > 0:      # the replayed file is part of the run's identity
+        inputs = {**inputs, "ptx_data": cfg.ptx_data}
     if world != cfg.world_size:
         raise TrainConfigError(f"{phase}.world_size is {cfg.world_size} but {world} processes were launched")
     ds_config = load_rl_ds_config(phase, cfg)
@@ -234,7 +321,7 @@ def start_policy_job(phase: str, cfg: Any, inputs: dict[str, str | None], job_mo
     tokenizer, engine, optimizer = policy_engine(phase, cfg, ds_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return PolicyJob(rank, world, fingerprint, resume, tokenizer, engine, optimizer, pad_id, t_start,
-                     reference_policy(cfg, engine.device))
+                     reference_policy(cfg, engine.device), load_replay(cfg, tokenizer))
 
 
 def rollout_summary(history: list[dict[str, float]], keys: tuple[str, ...], keep_missing: bool = True
