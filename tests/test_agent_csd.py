@@ -236,35 +236,44 @@ def test_teacher_from_the_student_prefix_cache_matches_full_rows(tiny):
     assert torch.allclose(got2[0, 4:7], full[1][torch.tensor([5, 6, 7])], atol=1e-5)
 
 
-def test_csd_update_adds_the_kl_term_as_grpo_does(tiny):
-    """``kl_coef > 0`` in the CSD recipe: against a reference equal to the policy the update is the one without
-    the KL term; against a moved reference it differs by exactly ``kl_coef`` times the KL term's gradient over the
-    PPO tokens (the same term as :func:`mimesis_lab.rl.ppo.ppo_update` adds)."""
-    import copy
-
+def _coached_update(tok, model):
+    """Two trajectories' update rows (advantages +0.3 / -0.3) and ``update(kl_coef=0, ref=None, replay=None)``:
+    one :func:`csd_update` of them with both coached (alpha 0.5, one minibatch), returning its metrics and the
+    step's gradients (:class:`RecordingEngine`)."""
     from mimesis_lab.jobs.agent_csd import csd_update
-    from mimesis_lab.rl.ppo import kl_term
     from tests.test_sim_rl_trajectory_rows import RecordingEngine
 
-    tok, model = tiny
     trajs = [_traj(tok, "a"), _traj(tok, "b", reply_text="[search] hotel")]
     rows = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
                       tuple([0.3 if t.traj_id == "a" else -0.3] * len(t.response_positions())), "g0", t.traj_id)
             for t in trajs]
     reason = "They have not asked about my budget yet. Do they need it?"
 
-    def update(kl_coef, ref):
+    def update(kl_coef=0.0, ref=None, replay=None):
         cfg = _csd_cfg(turns_per_trajectory=2, placebo=False, leak_check=False, alpha=0.5).model_copy(
             update={"kl_coef": kl_coef, "minibatches": 1, "micro_rows": 8})
         csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
         csd.prepare(trajs, {"a", "b"}, {"a": [reason], "b": [reason]}, {"a": ["Near the beach."],
                     "b": ["Near the beach."]}, random.Random(0))
         engine = RecordingEngine(model)
-        out = csd_update(engine, rows, csd, cfg, random.Random(0), tok.pad_token_id, world=1, ref=ref)
+        out = csd_update(engine, rows, csd, cfg, random.Random(0), tok.pad_token_id, world=1, ref=ref, replay=replay)
         return out, engine.grads[0]
 
-    plain, g_plain = update(0.0, None)
-    same, g_same = update(0.5, copy.deepcopy(model))
+    return rows, update
+
+
+def test_csd_update_adds_the_kl_term_as_grpo_does(tiny):
+    """``kl_coef > 0`` in the CSD recipe: against a reference equal to the policy the update is the one without
+    the KL term; against a moved reference it differs by exactly ``kl_coef`` times the KL term's gradient over the
+    PPO tokens (the same term as :func:`mimesis_lab.rl.ppo.ppo_update` adds)."""
+    import copy
+
+    from mimesis_lab.rl.ppo import kl_term
+
+    tok, model = tiny
+    rows, update = _coached_update(tok, model)
+    plain, g_plain = update(kl_coef=0.0, ref=None)
+    same, g_same = update(kl_coef=0.5, ref=copy.deepcopy(model))
     assert plain["csd/tokens"] > 0 and "update/kl_ref" not in plain
     assert same["update/kl_ref"] == pytest.approx(0, abs=1e-9)
     for n, g in g_plain.items():
@@ -273,7 +282,7 @@ def test_csd_update_adds_the_kl_term_as_grpo_does(tiny):
     with torch.no_grad():
         for p in moved.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
-    out, g_kl = update(0.5, moved)
+    out, g_kl = update(kl_coef=0.5, ref=moved)
     b = pad_update_rows(rows, tok.pad_token_id)
     model.zero_grad()
     kl = kl_term(moved, b, token_logprobs(model, b["input_ids"], b["attention_mask"], need=b["mask"]))
@@ -288,34 +297,18 @@ def test_csd_update_adds_the_ptx_replay_term_as_grpo_does(tiny):
     """``ptx_coef > 0`` in the CSD recipe: each optimizer step adds ``ptx_coef * L_SFT`` on the replayed
     demonstrations, drawn from the update's rng after its minibatch plan, as :func:`ppo_update` does; the gradient
     is the update's without it plus exactly that term's."""
-    from mimesis_lab.jobs.agent_csd import csd_update
     from mimesis_lab.rl.losses import sft_loss
     from mimesis_lab.rl.policy import minibatch_plan
     from mimesis_lab.rl.ppo import Replay
-    from tests.test_sim_rl_trajectory_rows import RecordingEngine
 
     tok, model = tiny
-    trajs = [_traj(tok, "a"), _traj(tok, "b", reply_text="[search] hotel")]
-    rows = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
-                      tuple([0.3 if t.traj_id == "a" else -0.3] * len(t.response_positions())), "g0", t.traj_id)
-            for t in trajs]
+    rows, update = _coached_update(tok, model)
     demos = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), (0.0,) * len(t.response_positions()),
                        (0.0,) * len(t.response_positions()), "ptx", f"ptx-{i}")
-             for i, t in enumerate([_traj(tok, "c", reply_text="[action] What is your budget?"), *trajs])]
-    reason = "They have not asked about my budget yet. Do they need it?"
-
-    def update(replay):
-        cfg = _csd_cfg(turns_per_trajectory=2, placebo=False, leak_check=False, alpha=0.5).model_copy(
-            update={"minibatches": 1, "micro_rows": 8})
-        csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
-        csd.prepare(trajs, {"a", "b"}, {"a": [reason], "b": [reason]}, {"a": ["Near the beach."],
-                    "b": ["Near the beach."]}, random.Random(0))
-        engine = RecordingEngine(model)
-        out = csd_update(engine, rows, csd, cfg, random.Random(0), tok.pad_token_id, world=1, replay=replay)
-        return out, engine.grads[0]
-
-    plain, g_plain = update(None)
-    out, g_ptx = update(Replay(demos, 0.25, 2, {}))
+             for i, t in enumerate([_traj(tok, "c", reply_text="[action] What is your budget?"), _traj(tok, "d"),
+                                    _traj(tok, "e", reply_text="[search] hotel")])]
+    plain, g_plain = update()
+    out, g_ptx = update(replay=Replay(demos, 0.25, 2, {}))
     assert plain["csd/tokens"] > 0 and "update/ptx_loss" not in plain
     assert out["csd/loss"] == pytest.approx(plain["csd/loss"], rel=1e-6)
     rng = random.Random(0)
