@@ -58,7 +58,7 @@ ui-stop:
 	$(PY) -m flows.ui stop
 
 # The whole chain again with other training seeds (clones of HEAD under .seeds/), effects pooled over the
-# chains: reports/seeds.md, metrics/seeds.json. About 9.5 min per chain on 2 cores. SEEDS="1235 1236 1237".
+# chains: reports/seeds.md, metrics/seeds.json. About 10.5 min per chain on 2 cores. SEEDS="1235 1236 1237".
 seeds: setup
 	$(PY) -m flows.seeds $(if $(SEEDS),--seeds $(SEEDS))
 
