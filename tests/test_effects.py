@@ -243,6 +243,26 @@ def test_csd_coach_note_rate():
     assert none["value"] is None and not none["passed"]
 
 
+def test_csd_note_use():
+    # token-weighted over steps: delta (30*0.1 + 10*(-0.1))/40 = 0.05, gate (30*.6 + 10*.4)/40 = 0.55,
+    # teacher - student (30*(-0.2) + 10*(-0.6))/40 = -0.3, placebo share (30*1 + 10*0.5)/40 = 87.5%
+    steps = [{"kind": "start"},
+             {"kind": "train", "step": 1, "metrics": {"csd/tokens": 30.0, "csd/placebo_token_share": 1.0,
+                                                       "csd/delta_mean": 0.1, "csd/gate_mean": 0.6,
+                                                       "csd/teacher_minus_student": -0.2}},
+             {"kind": "train", "step": 2, "metrics": {"csd/tokens": 10.0, "csd/placebo_token_share": 0.5,
+                                                       "csd/delta_mean": -0.1, "csd/gate_mean": 0.4,
+                                                       "csd/teacher_minus_student": -0.6}},
+             {"kind": "train", "step": 3, "metrics": {"csd/tokens": 0.0}},              # nothing coached
+             {"kind": "train", "step": 4, "metrics": {"csd/tokens": 5.0, "csd/placebo_token_share": 0.0,
+                                                       "csd/delta_mean": 9.0, "csd/gate_mean": 1.0,
+                                                       "csd/teacher_minus_student": 9.0}}]  # no placebo: not read
+    note = eff.csd_note_use(steps)
+    assert "40 coached tokens (88% with a placebo row)" in note
+    assert "by +0.050 a token (gate 0.55;" in note and "-0.300 a token against the student" in note
+    assert eff.csd_note_use(steps[-2:]) is None and eff.csd_note_use(None) is None
+
+
 def _cell(score):
     return {"score": score, "status": "ok" if score is not None else "invalid"}
 

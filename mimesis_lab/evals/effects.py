@@ -33,7 +33,7 @@ import numpy as np
 __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
            "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
            "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs", "proportion_ci", "agent_vs",
-           "agent_vs_by_gym", "user_matters", "csd_coach_note_rate",
+           "agent_vs_by_gym", "user_matters", "csd_coach_note_rate", "csd_note_use",
            "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
            "PHASE_OF"]
 
@@ -582,6 +582,33 @@ def user_guidance(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
             f"think blocks for lack of room (agent_grpo)")
 
 
+def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """Does the agent read the coach's notes? From ``models/agent_csd/metrics.jsonl``, token-weighted over the
+    steps: ``delta`` = teacher log-prob of the sampled token under the real note − under a placebo note (the CSD
+    gate's argument, SPEC §3.3 item 7; ``g = sigmoid(beta * delta)``, 1/2 where the note makes no difference) and
+    teacher − student (what putting any note in the context does). A sentence for the ``csd_vs_grpo`` report
+    line, or ``None`` without coached tokens with a placebo row: CSD moves the student towards its coached teacher
+    only as far as the note, not the placebo, changes what the teacher would say."""
+    tok = plac = d = g = ts = 0.0
+    for r in steps or []:
+        m = r.get("metrics") or {}
+        n, share = m.get("csd/tokens"), m.get("csd/placebo_token_share")
+        vals = [m.get(k) for k in ("csd/delta_mean", "csd/gate_mean", "csd/teacher_minus_student")]
+        if not isinstance(n, (int, float)) or n <= 0 or not isinstance(share, (int, float)) or share <= 0 \
+                or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals):
+            continue
+        tok += n
+        plac += n * share
+        d, g, ts = d + n * vals[0], g + n * vals[1], ts + n * vals[2]
+    if tok <= 0:
+        return None
+    return (f"the coach's notes barely steer the agent: on its {int(tok)} coached tokens ({100 * plac / tok:.0f}% with "
+            f"a placebo row) the teacher's log-prob under the real note exceeds that under a placebo note by "
+            f"{d / tok:+.3f} a token (gate {g / tok:.2f}; 0.50 = the note makes no difference), and with a note in the "
+            f"context the teacher gives the sampled tokens {ts / tok:+.3f} a token against the student without one "
+            f"(agent_csd)")
+
+
 def _with_note(e: dict, note: str | None) -> dict:
     if note:
         e["diagnosis"] = f"{e['diagnosis']}; {note}" if e.get("diagnosis") else note
@@ -628,6 +655,7 @@ def compute_effects(x: EffectInputs) -> dict[str, dict]:
         e["phase"] = PHASE_OF[k]
         if k in ("grpo_vs_warm_start_train", "grpo_vs_warm_start_heldout", "csd_vs_grpo"):
             _with_note(e, guided)
+    _with_note(out["csd_vs_grpo"], csd_note_use(x.csd_steps))
     return out
 
 
