@@ -259,7 +259,7 @@ def test_csd_note_use():
                                                        "csd/teacher_minus_student": 9.0}}]  # no placebo: not read
     note = eff.csd_note_use(steps)
     assert "40 coached tokens (88% with a placebo row)" in note
-    assert "by +0.050 a token (gate 0.55;" in note and "-0.300 a token against the student" in note
+    assert "placebo note is +0.050 a token (gate 0.55;" in note and "-0.300 a token against the student" in note
     assert eff.csd_note_use(steps[-2:]) is None and eff.csd_note_use(None) is None
 
 

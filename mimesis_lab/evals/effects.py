@@ -603,8 +603,8 @@ def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
     if tok <= 0:
         return None
     return (f"the coach's notes barely steer the agent: on its {int(tok)} coached tokens ({100 * plac / tok:.0f}% with "
-            f"a placebo row) the teacher's log-prob under the real note exceeds that under a placebo note by "
-            f"{d / tok:+.3f} a token (gate {g / tok:.2f}; 0.50 = the note makes no difference), and with a note in the "
+            f"a placebo row) the teacher's log-prob of the sampled token under the real note "
+            f"minus under a placebo note is {d / tok:+.3f} a token (gate {g / tok:.2f}; 0.50 = the note makes no difference), and with a note in the "
             f"context the teacher gives the sampled tokens {ts / tok:+.3f} a token against the student without one "
             f"(agent_csd)")
 
