@@ -260,6 +260,10 @@ def test_csd_note_use():
     note = eff.csd_note_use(steps)
     assert "40 coached tokens (88% with a placebo row)" in note
     assert "placebo note is +0.050 a token (gate 0.55;" in note and "-0.300 a token against the student" in note
+    assert note.startswith("the coach's notes steer the agent:")           # gate 0.55: not within 0.05 of 1/2
+    near = [{"kind": "train", "metrics": {"csd/tokens": 10.0, "csd/placebo_token_share": 1.0, "csd/delta_mean": 0.01,
+                                          "csd/gate_mean": 0.51, "csd/teacher_minus_student": -0.2}}]
+    assert eff.csd_note_use(near).startswith("the coach's notes barely steer the agent:")
     assert eff.csd_note_use(steps[-2:]) is None and eff.csd_note_use(None) is None
 
 

@@ -582,13 +582,19 @@ def user_guidance(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
             f"think blocks for lack of room (agent_grpo)")
 
 
+#: :func:`csd_note_use` says the notes "barely steer" the agent while its mean gate is within this of 1/2 (|delta| below
+#: about 0.04 nats a token at the default beta 5).
+NOTE_GATE_MARGIN = 0.05
+
+
 def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
     """Does the agent read the coach's notes? From ``models/agent_csd/metrics.jsonl``, token-weighted over the
     steps: ``delta`` = teacher log-prob of the sampled token under the real note − under a placebo note (the CSD
     gate's argument, SPEC §3.3 item 7; ``g = sigmoid(beta * delta)``, 1/2 where the note makes no difference) and
     teacher − student (what putting any note in the context does). A sentence for the ``csd_vs_grpo`` report
     line, or ``None`` without coached tokens with a placebo row: CSD moves the student towards its coached teacher
-    only as far as the note, not the placebo, changes what the teacher would say."""
+    only as far as the note, not the placebo, changes what the teacher would say; within :data:`NOTE_GATE_MARGIN`
+    of a gate of 1/2 the sentence says the notes barely steer the agent."""
     tok = plac = d = g = ts = 0.0
     for r in steps or []:
         m = r.get("metrics") or {}
@@ -602,9 +608,11 @@ def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
         d, g, ts = d + n * vals[0], g + n * vals[1], ts + n * vals[2]
     if tok <= 0:
         return None
-    return (f"the coach's notes barely steer the agent: on its {int(tok)} coached tokens ({100 * plac / tok:.0f}% with "
-            f"a placebo row) the teacher's log-prob of the sampled token under the real note "
-            f"minus under a placebo note is {d / tok:+.3f} a token (gate {g / tok:.2f}; 0.50 = the note makes no difference), and with a note in the "
+    gate = g / tok
+    verdict = "barely steer the agent" if abs(gate - 0.5) < NOTE_GATE_MARGIN else "steer the agent"
+    return (f"the coach's notes {verdict}: on its {int(tok)} coached tokens ({100 * plac / tok:.0f}% with a placebo "
+            f"row) the teacher's log-prob of the sampled token under the real note minus under a placebo note is "
+            f"{d / tok:+.3f} a token (gate {gate:.2f}; 0.50 = the note makes no difference), and with a note in the "
             f"context the teacher gives the sampled tokens {ts / tok:+.3f} a token against the student without one "
             f"(agent_csd)")
 
