@@ -92,6 +92,7 @@ def test_paper_profile_validates_with_the_paper_settings(paper_params):
     r = p.sim_rl                                   # SPEC §2.3: 500 steps, 64 x 8 rollouts, lr 8e-6, vLLM
     assert (r.steps, r.prompts_per_step, r.rollouts_per_prompt, r.lr, r.world_size) == (500, 64, 8, 8e-6, 16)
     assert r.rollout.backend == "vllm" and r.require_think and r.judge.kind == "openai"
+    assert r.kl_coef == 0.0 and p.agent_grpo.kl_coef == 0.0 and p.agent_csd.kl_coef == 0.0   # the paper: no KL
     assert r.prompts_per_step % r.world_size == 0   # whole groups per rank
     rl = _ds(ROOT / r.deepspeed_config)
     assert rl.zero_optimization_stage == 3 and rl.bfloat16_config.enabled
