@@ -235,6 +235,15 @@ class AgentTracesParams(Section):
     explore_share: float = Field(0.25, ge=0, lt=1, description="Share of the output traces that are exploratory "
                                  "(rewarded but not the expert's best play: another question order, an extra "
                                  "question, an earlier answer), so RL has choices to weigh.")
+    coached_share: float = Field(
+        0.0, ge=0, le=1, description="Coached copies, at most this share of the oracle and exploratory traces, in "
+        "pairs: where the expert's best play and an exploratory play of a task part ways after the same history, "
+        "each cut after its turn with the template coach's note recommending that turn (a question to the user: "
+        "`unmet`, naming its categories; the final answer: `ready`) as a user message before it, the layout of "
+        "CSD's teacher rows (SPEC §3.3 item 4). Only the note tells a pair apart, so the warm start learns to read "
+        "notes; CSD's teacher is the agent reading one, and an agent that never saw one ignores it. Only the gyms "
+        "CSD coaches (not `agent_csd.csd.skip_gyms`); the notes are the template coach's sentences (use with "
+        "`agent_csd.coach.kind: template`); 0: none (the paper's warm start).")
     seed: int = Field(0, description="Seed of the exploratory traces and of the offline user's vague replies.")
     output_dir: str = Field("data/agent_sft", description="Writes <output_dir>/{train,val}.parquet (column "
                             "`messages`: prompt, then alternating assistant replies and tool feedback).")

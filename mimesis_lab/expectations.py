@@ -492,21 +492,32 @@ def agent_traces_spec(params: Params, split: str) -> Spec:
         checks=(
             in_set("gym", train_gyms, "traces come from the training gyms only"),
             in_set("split", [split], "the split column equals the file's split"),
-            in_set("kind", ["oracle", "exploratory"], "a trace is the expert's best play or an exploratory one"),
-            between("total_reward", 1e-12, None, "only traces the gym rewarded (total reward > 0)"),
+            in_set("kind", ["oracle", "exploratory", "coached"], "a trace is the expert's best play, an exploratory "
+                   "one, or a coached copy of one of them"),
+            between("total_reward", 0, None, "rewards are non-negative"),
             between("n_turns", 1, None, "at least one agent turn"),
             between("user_turns", 0, None, "agent turns addressed to the user (a count)"),
-            unique("trace_key", "one trace per (data_source, task_id, kind, seed)"),
+            unique("trace_key", "one trace per (data_source, task_id, kind, seed), a coached copy per cut turn too"),
         ),
         derived=(
             Derived("trace_key", _task_key() + pl.lit(":") + pl.col("kind") + pl.lit(":")
-                    + pl.col("seed").cast(pl.String), None, "data_source:task_id:kind:seed"),
+                    + pl.col("seed").cast(pl.String)
+                    + pl.when(pl.col("kind") == "coached").then(pl.lit(":") + pl.col("n_turns").cast(pl.String))
+                    .otherwise(pl.lit("")), None, "data_source:task_id:kind:seed[:n_turns of a coached copy]"),
+            Derived("rewarded", (pl.col("kind") == "coached") | (pl.col("total_reward") > 0),
+                    doc="only traces the gym rewarded (total reward > 0; a coached copy is a prefix of one)"),
             Derived("one_oracle_per_task", (pl.col("kind") != "oracle")
                     | (pl.col("kind").eq("oracle").cast(pl.Int64).sum().over(_task_key()) == 1),
                     doc="one oracle trace per (data_source, task_id)"),
             Derived("exploratory_has_oracle", (pl.col("kind") != "exploratory")
                     | (pl.col("kind").eq("oracle").cast(pl.Int64).sum().over(_task_key()) >= 1),
                     doc="every exploratory trace's task has its oracle trace in the same split"),
+            Derived("coached_has_oracle", (pl.col("kind") != "coached")
+                    | (pl.col("kind").eq("oracle").cast(pl.Int64).sum().over(_task_key()) >= 1),
+                    doc="every coached copy's task has its oracle trace in the same split"),
+            Derived("coached_note_before_reply", (pl.col("kind") != "coached")
+                    | (_roles().list.get(-2, null_on_oob=True) == "user").fill_null(False),
+                    doc="a coached copy's last reply follows the coach's note (a user message)", show=ROLES_SHOWN),
             Derived("user_turns_fit", pl.col("user_turns") <= pl.col("n_turns"),
                     doc="user turns are agent turns"),
             Derived("gym_matches_source", (pl.col("data_source") == pl.lit("interact_") + pl.col("gym")),

@@ -17,6 +17,14 @@ They are drawn per split from the rows with an oracle trace (seeded shuffle, ``s
 kept (counted in ``metrics``' ``explore``). ``explore_share`` and ``seed`` come from
 ``params.agent_traces`` when it has them, else from the keyword defaults.
 
+Besides, up to ``coached_share`` × the traces are ``coached`` copies, in pairs (:func:`coached_rows`): where
+the expert's best play and an exploratory play of the same task part ways after the same history, each
+trace is cut after its turn with the template coach's note recommending that turn
+(:func:`~mimesis_lab.judges.coach.action_note`: ``unmet`` for a question to the user, ``ready`` for the
+final answer) as a ``user`` message before it, the layout of CSD's teacher rows. Only the note tells the two
+apart, so the warm start learns to read the coach's notes, which CSD's teacher (the agent itself,
+conditioned on a note) needs; the source traces stay as they are. Counts in ``metrics``' ``coached``.
+
 Rows may be UserRL's as published: ``gym``/``task_id`` are derived from ``data_source`` and
 ``create_kwargs`` where the file lacks them (:func:`~mimesis_lab.envs.gyms.registry.normalise_row`),
 the split is the file's, and the traces carry our ``data_source`` (``interact_<gym>``). Nothing is lost: a row that names
@@ -30,7 +38,8 @@ trace; the outputs also hold the exploratory traces).
 Each output is checked with its great-expectations suite (:func:`mimesis_lab.expectations.agent_traces_spec`)
 before it is written; a failing suite fails the stage with the failed expectations named.
 Writes ``<output_dir>/{train,val}.parquet``: ``data_source, gym, task_id, split, kind, seed, messages,
-turn_rewards, total_reward, n_turns, user_turns`` (``user_turns``: agent turns addressed to the user).
+turn_rewards, total_reward, n_turns, user_turns`` (``user_turns``: agent turns addressed to the user); a
+``coached`` copy has its source's ``seed`` (0: the oracle's) and counts only its own turns.
 """
 from __future__ import annotations
 
@@ -48,6 +57,7 @@ from mimesis_lab.config import Params
 from mimesis_lab.envs.gyms import experts
 from mimesis_lab.envs.gyms.registry import RowError, TaskLookupError, load_tasks_or_unreadable, normalise_row
 from mimesis_lab.io import InputFileError, Quarantine, read_parquet
+from mimesis_lab.judges.coach import NOTES, action_note
 from stages.common import StageError, StageResult, main
 
 STAGE = "agent_traces"
@@ -131,6 +141,86 @@ def explore_rows(kept: list[tuple[dict[str, Any], dict[str, Any]]], tasks: dict[
     return out
 
 
+def turn_note(messages: list[dict[str, Any]], at: int) -> str | None:
+    """The template coach's note recommending the assistant message ``messages[at]``
+    (:func:`~mimesis_lab.judges.coach.action_note`), read with the user's reply to it."""
+    choice, _, content = messages[at]["content"].partition("] ")
+    nxt = messages[at + 1] if at + 1 < len(messages) else None
+    reply = nxt["content"].split("\nReward:")[0] if nxt is not None and nxt["role"] == "tool" else ""
+    return action_note(choice.lstrip("["), content, reply)
+
+
+def divergence(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int | None:
+    """Index of the first message where traces ``a`` and ``b`` differ, if it is an assistant message in both
+    (the same history, two different agent turns), else ``None``."""
+    at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), None)
+    if at is None or a[at]["role"] != "assistant" or b[at]["role"] != "assistant":
+        return None
+    return at
+
+
+def coached_copy(rec: dict[str, Any], at: int, note: str, seed: int) -> dict[str, Any]:
+    """Trace ``rec`` cut after its assistant message ``at``, ``note`` inserted as a user message before it."""
+    kept = rec["messages"][:at + 1]
+    n = sum(1 for m in kept if m["role"] == "assistant")
+    rewards = rec["turn_rewards"][:n]
+    return {**rec, "kind": "coached", "seed": int(seed),
+            "messages": kept[:at] + [{"role": "user", "content": note}] + kept[at:],
+            "turn_rewards": rewards, "total_reward": float(sum(rewards)), "n_turns": n,
+            "user_turns": experts.user_turns(rec["gym"], kept)}
+
+
+def coached_rows(kept: list[tuple[dict[str, Any], dict[str, Any]]], tasks: dict[str, dict[str, Any]],
+                 show_reward: bool, max_steps: int, want: int, seed: int, skip_gyms: tuple[str, ...],
+                 counts: Counter) -> list[dict[str, Any]]:
+    """Up to ``want`` coached copies, in pairs: where the expert's best play (the oracle trace of ``kept``'s
+    ``(input row, oracle trace)`` pairs) and an exploratory play of the same task part ways after the same
+    history, with two different template-coach notes for their two turns (an ``unmet`` question against the
+    ``ready`` answer, or questions about different categories), each trace cut after its turn with its own
+    note before it. The history is the same and the replies differ, so only the note tells them apart: the
+    warm start learns to read it (a copy whose note the history already implies teaches nothing: measured,
+    ``scripts/note_probe.py``). Rows are drawn in a shuffle seeded by ``seed`` (coached gyms only: not
+    ``skip_gyms``), up to :data:`EXPLORE_TRIES` exploration seeds each. ``counts`` gets ``pairs``, ``kept``,
+    ``ready``, ``unmet``, ``tried``, ``no_divergence``, ``same_note`` and ``unrewarded``."""
+    if want <= 0:
+        return []
+    order = [i for i in range(len(kept)) if kept[i][1]["gym"] not in skip_gyms]
+    random.Random(seed).shuffle(order)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for k in range(1, EXPLORE_TRIES + 1):
+        for i in order:
+            if len(out) + 2 > want:
+                return out
+            row, oracle = kept[i]
+            ex_seed = zlib.crc32(f"{seed}:{row.get('gym')}:{row.get('task_id')}:coached:{k}".encode())
+            counts["tried"] += 1
+            rec, reason = trace_row(row, tasks, show_reward, max_steps, explore=ex_seed)
+            if rec is None:
+                counts[str(reason).split(":")[0]] += 1
+                continue
+            at = divergence(oracle["messages"], rec["messages"])
+            if at is None:
+                counts["no_divergence"] += 1
+                continue
+            notes = turn_note(oracle["messages"], at), turn_note(rec["messages"], at)
+            if not all(notes) or notes[0] == notes[1]:
+                counts["same_note"] += 1
+                continue
+            pair = [coached_copy(oracle, at, notes[0], 0), coached_copy(rec, at, notes[1], ex_seed)]
+            keys = [json.dumps(c["messages"]) for c in pair]
+            if any(key in seen for key in keys):
+                counts["duplicate"] += 1
+                continue
+            seen.update(keys)
+            counts["pairs"] += 1
+            for c, note in zip(pair, notes):
+                counts["kept"] += 1
+                counts["ready" if note == NOTES["ready"] else "unmet"] += 1
+            out += pair
+    return out
+
+
 def gym_summary(frame: pl.DataFrame) -> dict[str, dict[str, Any]]:
     """Per gym and kind: traces, mean reward, mean turns, share of traces that asked the user."""
     if frame.height == 0:
@@ -189,8 +279,9 @@ def check_episode_budget(params: Params) -> None:
                              "agent_traces.max_steps to at most the agent's max_turns (or null: the agent's own)")
 
 
-def build(params: Params, explore_share: float | None = None, seed: int | None = None) -> StageResult:
-    """The stage; ``explore_share`` / ``seed`` override ``params.agent_traces`` (defaults
+def build(params: Params, explore_share: float | None = None, seed: int | None = None,
+          coached_share: float | None = None) -> StageResult:
+    """The stage; ``explore_share`` / ``seed`` / ``coached_share`` override ``params.agent_traces`` (defaults
     :data:`EXPLORE_SHARE` and 0 where the params have no such key). The experts play within
     ``agent_traces.max_steps`` turns (:func:`episode_budget`), at most the agent's
     (:func:`check_episode_budget`); a task they cannot solve within it is quarantined as ``unrewarded``."""
@@ -201,6 +292,12 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
     seed = int(seed if seed is not None else cfg.seed)
     if not 0 <= share < 1:
         raise StageError(f"agent_traces.explore_share must be in [0, 1), got {share}")
+    coached = float(coached_share if coached_share is not None else cfg.coached_share)
+    if not 0 <= coached <= 1:
+        raise StageError(f"agent_traces.coached_share must be in [0, 1], got {coached}")
+    csd = getattr(params, "agent_csd", None)
+    skip_gyms = tuple(csd.csd.skip_gyms) if csd is not None else ("tau", "function")
+    coached_counts: Counter = Counter()
     quarantine = Quarantine()
     inputs = [Path(cfg.gyms_dir) / f"{s}.parquet" for s in SPLITS]
     out: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
@@ -237,7 +334,10 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
                                   zlib.crc32(f"{seed}:{split}".encode()), explore)
         for rec in extra_rows:
             per_gym[rec["gym"]][f"{split}_exploratory"] += 1
-        out[split] = [rec for _, rec in kept] + extra_rows
+        traces = [rec for _, rec in kept] + extra_rows
+        out[split] = traces + coached_rows(kept, tasks_cache, cfg.show_reward, steps, round(coached * len(traces)),
+                                           zlib.crc32(f"{seed}:{split}:coached".encode()), skip_gyms,
+                                           coached_counts)
     frames = {s: pl.DataFrame(out[s], schema=SCHEMA) for s in SPLITS}
     if not (frames["train"].get_column("kind") == "oracle").any():
         reasons = Counter(r.split(":")[0] for r in quarantine.reason)
@@ -245,7 +345,7 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
                          f"({rows_in} row(s) read; quarantined by reason: {dict(sorted(reasons.items()))})")
     validation = check(params, frames)
     outputs = {str(Path(cfg.output_dir) / f"{s}.parquet"): frames[s] for s in SPLITS}
-    total = sum(f.height for f in frames.values())
+    total = sum(int((f.get_column("kind") != "coached").sum()) for f in frames.values())
     n_explore = sum(int((f.get_column("kind") == "exploratory").sum()) for f in frames.values())
     extra = {"max_steps": steps, "sizes": {s: frames[s].height for s in SPLITS},
              "per_gym": {g: dict(c) for g, c in per_gym.items()},
@@ -254,6 +354,7 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
              "summary": {s: gym_summary(frames[s]) for s in SPLITS},
              "explore": {"share_target": share, "share": round(n_explore / total, 4) if total else 0.0, "seed": seed,
                          **dict(explore)},
+             "coached": {"share_target": coached, "skip_gyms": list(skip_gyms), **dict(coached_counts)},
              "validation": validation}
     return StageResult(outputs=outputs, rows_in=rows_in, rows_out=rows_out, quarantine=quarantine, inputs=inputs,
                        extra=extra)

@@ -76,6 +76,62 @@ def test_exploratory_traces_take_their_share_seeded_and_marked(project):
         A.build(params, explore_share=1.0)
 
 
+def test_coached_copies_come_in_pairs_that_only_the_note_tells_apart(project):
+    """agent_traces.coached_share: where the expert's best play and an exploratory play part ways after the
+    same history, both are cut after their turn with the template coach's note for it as a user message right
+    before it (CSD's teacher-row layout); the source traces stay unchanged."""
+    from mimesis_lab.judges.coach import NOTES
+
+    params = load_params("params.yaml")
+    assert params.agent_traces.coached_share == 0.0          # the paper's warm start has no notes
+    base = A.build(params)
+    assert "kept" not in base.extra["coached"]
+    res = A.build(params, coached_share=0.5)
+    assert res.rows_out == base.rows_out and len(res.quarantine) == len(base.quarantine)
+    assert all(v["success"] for v in res.extra["validation"].values())
+    n = 0
+    for split in ("train", "val"):
+        out = res.outputs[f"data/agent_sft/{split}.parquet"]
+        src = out.filter(pl.col("kind") != "coached")
+        assert src.equals(base.outputs[f"data/agent_sft/{split}.parquet"])   # the originals stay as they were
+        coached = out.filter(pl.col("kind") == "coached")
+        n += coached.height
+        assert coached.height <= round(0.5 * src.height) and coached.height % 2 == 0
+        assert not set(coached.get_column("gym")) & {"tau", "function"}      # CSD skips them (agent_csd.csd)
+        recs = coached.to_dicts()
+        for a, b in zip(recs[::2], recs[1::2]):                                 # a: the oracle's side, b: the other
+            assert a["task_id"] == b["task_id"] and a["seed"] == 0 != b["seed"]
+            oracle = src.filter((pl.col("task_id") == a["task_id"]) & (pl.col("kind") == "oracle")).to_dicts()[0]
+            assert a["messages"][:-2] + a["messages"][-1:] == oracle["messages"][:len(a["messages"]) - 1]
+            assert a["messages"][:-2] == b["messages"][:-2]                     # the same history
+            assert a["messages"][-1] != b["messages"][-1] and a["messages"][-2] != b["messages"][-2]
+            for rec in (a, b):
+                note, reply = rec["messages"][-2], rec["messages"][-1]["content"]
+                assert note["role"] == "user" and rec["n_turns"] == len(rec["turn_rewards"])
+                if reply.startswith("[answer] "):
+                    assert note["content"] == NOTES["ready"]
+                else:
+                    assert reply.startswith("[action] ") and note["content"].startswith("Ask about their remaining")
+    counts = res.extra["coached"]
+    assert counts["kept"] == n == 2 * counts["pairs"] == counts["ready"] + counts["unmet"] and n > 0
+    assert counts["ready"] > 0 and counts["unmet"] > 0
+    again = A.build(params, coached_share=0.5)
+    assert again.outputs["data/agent_sft/train.parquet"].equals(res.outputs["data/agent_sft/train.parquet"])
+    with pytest.raises(StageError, match="coached_share"):
+        A.build(params, coached_share=1.5)
+
+
+def test_divergence_and_turn_note():
+    a = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "[action] Do you have a budget?"},
+         {"role": "tool", "content": "under $90\nReward: 0.2"}, {"role": "assistant", "content": "[answer] H1"}]
+    b = a[:3] + [{"role": "assistant", "content": "[action] Is parking important to you?"}]
+    assert A.divergence(a, b) == 3 and A.divergence(a, a) is None
+    assert A.divergence(a, a[:1] + [{"role": "tool", "content": "x"}]) is None     # not two agent turns
+    assert A.turn_note(a, 3) == "The user is ready: give the final answer now."
+    assert A.turn_note(a, 1) == "Ask about their remaining preferences (budget) before searching or answering."
+    assert A.turn_note(b, 3) == "Ask about their remaining preferences (amenities) before searching or answering."
+
+
 def test_unrewarded_and_failing_oracles_are_quarantined(project, monkeypatch):
     from mimesis_lab.envs.gyms import experts
 
@@ -125,14 +181,25 @@ def test_suite_fails_on_corrupted_output(project):
     bad = good.with_columns(pl.lit(0.0).alias("total_reward"))
     entry = run_spec(X.agent_traces_spec(params, "train"), bad, {}, project / "x.parquet", get_runner())
     assert not entry["success"]
-    failed = {f["column"] for f in entry["failures"]}
-    assert "total_reward" in failed
+    assert "rewarded" in json.dumps(entry["failures"])
     msgs = good.get_column("messages").to_list()
     msgs[0] = msgs[0][:-1] + [{"role": "assistant", "content": "no tool call here"}]
     bad2 = good.with_columns(pl.Series("messages", msgs, dtype=good.schema["messages"]))
     entry = run_spec(X.agent_traces_spec(params, "train"), bad2, {}, project / "x.parquet", get_runner())
     assert not entry["success"]
     assert json.dumps(entry["failures"]).count("replies_use_the_tool") >= 1
+    # a coached copy without its note before the last reply, or without its source trace
+    good = A.build(params, coached_share=0.5).outputs["data/agent_sft/train.parquet"]
+    i = good.get_column("kind").to_list().index("coached")
+    msgs = good.get_column("messages").to_list()
+    msgs[i] = msgs[i][:-2] + msgs[i][-1:]
+    bad3 = good.with_columns(pl.Series("messages", msgs, dtype=good.schema["messages"]))
+    entry = run_spec(X.agent_traces_spec(params, "train"), bad3, {}, project / "x.parquet", get_runner())
+    assert not entry["success"] and "coached_note_before_reply" in json.dumps(entry["failures"])
+    orphan = good.filter(pl.col("kind") == "coached").head(1).with_columns(pl.lit("nope").alias("task_id"))
+    entry = run_spec(X.agent_traces_spec(params, "train"), pl.concat([good, orphan]), {}, project / "x.parquet",
+                     get_runner())
+    assert not entry["success"] and "coached_has_oracle" in json.dumps(entry["failures"])
 
 
 def test_show_reward_must_match_agent_grpo():

@@ -16,6 +16,7 @@ from mimesis_lab.judges.coach import (
     CoachInput,
     OpenAICoach,
     TemplateCoach,
+    action_note,
     check_coach_endpoint,
     coach_messages,
     make_coach,
@@ -91,6 +92,26 @@ def test_template_notes_never_leak_on_bundled_tasks():
     for gym in ALL_GYMS:
         for task in load_tasks(gym).values():
             assert find_leaks(note, private_facts(gym, task)) == [], (gym, task.get("id"))
+
+
+def test_action_note_recommends_the_action_in_the_coachs_own_sentences():
+    """Warm-start notes (agent_traces.coached_share) are sentences the template coach writes in RL."""
+    # a question to the user: `unmet`, naming the categories of the question and of the user's answer
+    assert action_note("action", "Do you have a budget in mind?", "price under $100 per night.") == \
+        "Ask about their remaining preferences (budget, dates) before searching or answering."   # "night": dates
+    assert action_note("action", "Is parking important to you?", "has good wifi.") == \
+        "Ask about their remaining preferences (amenities) before searching or answering."
+    assert action_note("action", "Is yuki training for something?", "Yes") == \
+        "Ask about their remaining preferences before searching or answering."
+    # the final answer: `ready`
+    assert action_note("answer", "H2") == "The user is ready: give the final answer now."
+    # a search or an argument: no template note recommends it
+    assert action_note("search", "hotel in madrid") is None
+    assert action_note("action", "I understand: you like your privacy. That is a fair concern.") is None
+    # the same sentences the coach writes from a user's reasoning (so the agent learns the RL vocabulary)
+    coached = TemplateCoach().coach(inp("I want it under $200 but they have not asked about the budget")).note
+    assert coached == action_note("action", "What is your budget?", "")
+    assert TemplateCoach().coach(inp("", "sounds good, go ahead")).note == action_note("answer", "H1")
 
 
 # ---- prompt and parsing --------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def test_paper_profile_validates_with_the_paper_settings(paper_params):
     assert (r.steps, r.prompts_per_step, r.rollouts_per_prompt, r.lr, r.world_size) == (500, 64, 8, 8e-6, 16)
     assert r.rollout.backend == "vllm" and r.require_think and r.judge.kind == "openai"
     assert r.kl_coef == 0.0 and p.agent_grpo.kl_coef == 0.0 and p.agent_csd.kl_coef == 0.0   # the paper: no KL
+    assert p.agent_traces.coached_share == 0.0   # the paper's warm start: no coach notes (tiny profile: 0.3)
     assert r.prompts_per_step % r.world_size == 0   # whole groups per rank
     rl = _ds(ROOT / r.deepspeed_config)
     assert rl.zero_optimization_stage == 3 and rl.bfloat16_config.enabled

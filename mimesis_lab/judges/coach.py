@@ -34,7 +34,7 @@ from mimesis_lab.config import OpenAIEndpoint
 from mimesis_lab.endpoint import AnswerError, ChatEndpoint, Tally, chat_message
 
 __all__ = ["MAX_NOTE_CHARS", "STYLES", "CoachInput", "CoachResult", "parse_note", "coach_messages", "TemplateCoach",
-           "OpenAICoach", "make_coach", "check_coach_endpoint"]
+           "OpenAICoach", "make_coach", "check_coach_endpoint", "action_note"]
 
 MAX_NOTE_CHARS = 600
 STYLES = ("prospective", "corrective")
@@ -261,6 +261,24 @@ class TemplateCoach:
 
 
 # ---- OpenAI-compatible coach ----------------------------------------------------------------------
+
+def action_note(choice: str, content: str, reply: str = "") -> str | None:
+    """The :class:`TemplateCoach` note that recommends the agent action ``[choice] content``, or ``None``.
+
+    Used to teach a warm-start agent the coach's vocabulary (``agent_traces.coached_share``): CSD's
+    teacher is the agent itself reading the note (SPEC §3.3 items 4–5), so an agent that never saw a
+    note is a teacher that ignores it. A question to the user (``action`` whose content is a question)
+    gets the ``unmet`` note, naming the generic :data:`CATEGORIES` whose cue words occur in the question
+    or in ``reply`` (the user's answer, as the coach reads ``x_{t+1}``), never a value; a final
+    ``answer`` gets the ``ready`` note. Any other action (a search, an argument) gets none: no note of
+    the template coach recommends it."""
+    if choice == "answer":
+        return NOTES["ready"]
+    if choice == "action" and _is_question(content):
+        cats = TemplateCoach.categories(f"{content}\n{reply}")
+        return NOTES["unmet"].format(cats=f" ({', '.join(cats)})" if cats else "")
+    return None
+
 
 class OpenAICoach:
     """LLM coach over ``{base_url}/chat/completions``; bounded retries; never raises for endpoint problems."""
