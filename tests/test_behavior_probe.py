@@ -1,34 +1,24 @@
 """scripts/behavior_probe.py on a tiny random simulator and the B9 rows of scripts/sim_rl_signal.py."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import load_script
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("probe")
-    params = _load("sim_rl_signal").build(tmp, steps=1)
+    params = load_script("sim_rl_signal").build(tmp, steps=1)
     return tmp, params
 
 
 def test_probe_counts_and_pairs(tiny, capsys):
     tmp, params = tiny
-    probe = _load("behavior_probe")
+    probe = load_script("behavior_probe")
     out = probe.probe(str(tmp / "init"), str(params), k=2)
     # 8 instructed B9 rows x 2 rollouts, the sim_rl sampling settings of the params file
     assert out["rows"] == 8 and out["rollouts"] == 16 and out["k"] == 2

@@ -1,25 +1,15 @@
 """scripts/note_probe.py on a tiny random agent and hand-made coached pairs."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import polars as pl
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import load_script
+
 READY = "The user is ready: give the final answer now."
 ASK = "Ask about their remaining preferences (budget) before searching or answering."
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +39,7 @@ def agent(tmp_path_factory):
 
 
 def test_note_probe_pairs_placebos_and_counts(agent):
-    probe = _load("note_probe")
+    probe = load_script("note_probe")
     out = probe.probe(str(agent / "agent"), str(agent / "val.parquet"))
     assert out["rows"] == 4 and out["paired"] == 4                 # the oracle row is not probed
     by_row = out["real_minus_placebo_by_row"]
@@ -68,13 +58,13 @@ def test_note_probe_needs_coached_rows(agent, tmp_path):
                                                     {"role": "assistant", "content": "[answer] H1"}]]}) \
         .write_parquet(tmp_path / "none.parquet")
     with pytest.raises(SystemExit, match="no `coached` row"):
-        _load("note_probe").probe(str(agent / "agent"), str(tmp_path / "none.parquet"))
+        load_script("note_probe").probe(str(agent / "agent"), str(tmp_path / "none.parquet"))
 
 
 def test_rollout_probe_scores_the_coachs_notes_on_rl_turns(agent, tmp_path):
     """The coach's input per turn as in the CSD job: the reasoning behind the user's previous reply and the
     user's reply to this turn; tau/function rollouts are skipped (not coached)."""
-    probe = _load("note_probe")
+    probe = load_script("note_probe")
     msgs = [{"role": "user", "content": "i need a hotel in rome."},
             {"role": "assistant", "content": "[action] Do you have a budget?"},
             {"role": "tool", "content": "i want it under $90\nReward: 0.2"},      # -> unmet (budget) on turn 0
