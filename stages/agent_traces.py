@@ -106,38 +106,52 @@ def trace_row(row: dict[str, Any], tasks: dict[str, dict[str, Any]], show_reward
             "n_turns": len(tr["rewards"]), "user_turns": int(tr.get("user_turns", 0))}, None
 
 
+def exploratory_plays(kept: list[tuple[dict[str, Any], dict[str, Any]]], order: list[int],
+                      tasks: dict[str, dict[str, Any]], show_reward: bool, max_steps: int, seed: int,
+                      counts: Counter, counter: str, tag: str = ""):
+    """Yield ``(index into kept, rewarded exploratory trace, its seed)``: for ``k`` in 1..:data:`EXPLORE_TRIES`,
+    each row of ``kept`` (``(input row, oracle trace)`` pairs) in ``order``, played with the exploration seed
+    ``crc32("{seed}:{gym}:{task_id}:{tag}{k}")``. ``counts[counter]`` counts the plays, and an unrewarded or
+    failing play counts its quarantine reason (``unrewarded``, ``error``…) instead of being yielded. Lazy: a
+    consumer that stops early plays no further row."""
+    for k in range(1, EXPLORE_TRIES + 1):
+        for i in order:
+            row, _ = kept[i]
+            ex_seed = zlib.crc32(f"{seed}:{row.get('gym')}:{row.get('task_id')}:{tag}{k}".encode())
+            counts[counter] += 1
+            rec, reason = trace_row(row, tasks, show_reward, max_steps, explore=ex_seed)
+            if rec is None:
+                counts[str(reason).split(":")[0]] += 1
+                continue
+            yield i, rec, ex_seed
+
+
 def explore_rows(kept: list[tuple[dict[str, Any], dict[str, Any]]], tasks: dict[str, dict[str, Any]],
                  show_reward: bool, max_steps: int, share: float, seed: int, counts: Counter
                  ) -> list[dict[str, Any]]:
     """Exploratory traces so that they are ``share`` of all traces: ``round(share / (1 - share) * n)``
     for ``n`` oracle traces ``kept`` (``(input row, oracle trace)`` pairs), drawn from the rows in a
-    shuffle seeded by ``seed``, up to :data:`EXPLORE_TRIES` seeds each. ``counts`` gets ``attempts``,
-    ``kept``, ``unrewarded``, ``duplicate`` and ``error``."""
+    shuffle seeded by ``seed``, up to :data:`EXPLORE_TRIES` seeds each (:func:`exploratory_plays`).
+    ``counts`` gets ``attempts``, ``kept``, ``unrewarded``, ``duplicate`` and ``error``."""
     if not kept or share <= 0:
         return []
     want = round(min(share, 0.95) / (1 - min(share, 0.95)) * len(kept))
+    if want <= 0:
+        return []
     order = list(range(len(kept)))
     random.Random(seed).shuffle(order)
     seen = {json.dumps(rec["messages"]) for _, rec in kept}
     out: list[dict[str, Any]] = []
-    for k in range(1, EXPLORE_TRIES + 1):
-        for i in order:
-            if len(out) >= want:
-                return out
-            row, _ = kept[i]
-            ex_seed = zlib.crc32(f"{seed}:{row.get('gym')}:{row.get('task_id')}:{k}".encode())
-            counts["attempts"] += 1
-            rec, reason = trace_row(row, tasks, show_reward, max_steps, explore=ex_seed)
-            if rec is None:
-                counts[str(reason).split(":")[0]] += 1
-                continue
-            key = json.dumps(rec["messages"])
-            if key in seen:
-                counts["duplicate"] += 1
-                continue
-            seen.add(key)
-            counts["kept"] += 1
-            out.append(rec)
+    for _, rec, _ in exploratory_plays(kept, order, tasks, show_reward, max_steps, seed, counts, "attempts"):
+        key = json.dumps(rec["messages"])
+        if key in seen:
+            counts["duplicate"] += 1
+            continue
+        seen.add(key)
+        counts["kept"] += 1
+        out.append(rec)
+        if len(out) >= want:
+            break
     return out
 
 
@@ -180,44 +194,39 @@ def coached_rows(kept: list[tuple[dict[str, Any], dict[str, Any]]], tasks: dict[
     note before it. The history is the same and the replies differ, so only the note tells them apart: the
     warm start learns to read it (a copy whose note the history already implies teaches nothing: measured,
     ``scripts/note_probe.py``). Rows are drawn in a shuffle seeded by ``seed`` (coached gyms only: not
-    ``skip_gyms``), up to :data:`EXPLORE_TRIES` exploration seeds each. ``counts`` gets ``pairs``, ``kept``,
-    ``ready``, ``unmet``, ``tried``, ``no_divergence``, ``same_note`` and ``unrewarded``."""
-    if want <= 0:
+    ``skip_gyms``), up to :data:`EXPLORE_TRIES` exploration seeds each (:func:`exploratory_plays`). ``counts``
+    gets ``pairs``, ``kept``, ``ready``, ``unmet``, ``tried``, ``no_divergence``, ``same_note``, ``duplicate`` and
+    ``unrewarded``."""
+    if want < 2:
         return []
     order = [i for i in range(len(kept)) if kept[i][1]["gym"] not in skip_gyms]
     random.Random(seed).shuffle(order)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for k in range(1, EXPLORE_TRIES + 1):
-        for i in order:
-            if len(out) + 2 > want:
-                return out
-            row, oracle = kept[i]
-            ex_seed = zlib.crc32(f"{seed}:{row.get('gym')}:{row.get('task_id')}:coached:{k}".encode())
-            counts["tried"] += 1
-            rec, reason = trace_row(row, tasks, show_reward, max_steps, explore=ex_seed)
-            if rec is None:
-                counts[str(reason).split(":")[0]] += 1
-                continue
-            at = divergence(oracle["messages"], rec["messages"])
-            if at is None:
-                counts["no_divergence"] += 1
-                continue
-            notes = turn_note(oracle["messages"], at), turn_note(rec["messages"], at)
-            if not all(notes) or notes[0] == notes[1]:
-                counts["same_note"] += 1
-                continue
-            pair = [coached_copy(oracle, at, notes[0], 0), coached_copy(rec, at, notes[1], ex_seed)]
-            keys = [json.dumps(c["messages"]) for c in pair]
-            if any(key in seen for key in keys):
-                counts["duplicate"] += 1
-                continue
-            seen.update(keys)
-            counts["pairs"] += 1
-            for c, note in zip(pair, notes):
-                counts["kept"] += 1
-                counts["ready" if note == NOTES["ready"] else "unmet"] += 1
-            out += pair
+    for i, rec, ex_seed in exploratory_plays(kept, order, tasks, show_reward, max_steps, seed, counts, "tried",
+                                             tag="coached:"):
+        oracle = kept[i][1]
+        at = divergence(oracle["messages"], rec["messages"])
+        if at is None:
+            counts["no_divergence"] += 1
+            continue
+        notes = turn_note(oracle["messages"], at), turn_note(rec["messages"], at)
+        if not all(notes) or notes[0] == notes[1]:
+            counts["same_note"] += 1
+            continue
+        pair = [coached_copy(oracle, at, notes[0], 0), coached_copy(rec, at, notes[1], ex_seed)]
+        keys = [json.dumps(c["messages"]) for c in pair]
+        if any(key in seen for key in keys):
+            counts["duplicate"] += 1
+            continue
+        seen.update(keys)
+        counts["pairs"] += 1
+        for note in notes:
+            counts["kept"] += 1
+            counts["ready" if note == NOTES["ready"] else "unmet"] += 1
+        out += pair
+        if len(out) + 2 > want:
+            break
     return out
 
 
