@@ -53,7 +53,7 @@ from typing import Any
 import polars as pl
 
 from mimesis_lab import expectations as X
-from mimesis_lab.config import Params
+from mimesis_lab.config import CSDParams, Params
 from mimesis_lab.envs.gyms import experts
 from mimesis_lab.envs.gyms.registry import RowError, TaskLookupError, load_tasks_or_unreadable, normalise_row
 from mimesis_lab.io import InputFileError, Quarantine, read_parquet
@@ -305,7 +305,7 @@ def build(params: Params, explore_share: float | None = None, seed: int | None =
     if not 0 <= coached <= 1:
         raise StageError(f"agent_traces.coached_share must be in [0, 1], got {coached}")
     csd = getattr(params, "agent_csd", None)
-    skip_gyms = tuple(csd.csd.skip_gyms) if csd is not None else ("tau", "function")
+    skip_gyms = tuple((csd.csd if csd is not None else CSDParams()).skip_gyms)
     coached_counts: Counter = Counter()
     quarantine = Quarantine()
     inputs = [Path(cfg.gyms_dir) / f"{s}.parquet" for s in SPLITS]
