@@ -141,6 +141,53 @@ def test_csd_loss_term_matches_hand_built_teacher(tiny):
     assert torch.allclose(student.grad, expect, atol=1e-6)
 
 
+def test_real_minus_placebo_is_split_by_the_notes_kind(tiny):
+    """Each teacher row carries its note's kind (the template coach's leading cue); the loss statistics split the
+    placebo-corrected delta by kind, and the parts add up to the totals over the tokens with a placebo row."""
+    from mimesis_lab.jobs.agent_csd import NOTE_KINDS
+    from mimesis_lab.judges.coach import CoachInput, TemplateCoach
+
+    tok, model = tiny
+    cfg = _csd_cfg(turns_per_trajectory=2, placebo=True, placebo_min_pool=2, leak_check=False, alpha=0.5)
+    csd = CSD(cfg, tok, tasks={}, pad_id=tok.pad_token_id)
+    reasons = {"a": "They have not asked about my budget yet.", "b": "No, that is not what I wanted at all.",
+               "c": "Sounds good, go ahead.", "d": "They have not asked about my area yet."}
+    trajs = [_traj(tok, t) for t in reasons]
+    st = csd.prepare(trajs, set(reasons), {t: [z] for t, z in reasons.items()},
+                     {t: ["Near the beach."] for t in reasons}, random.Random(0))
+    want = {t: TemplateCoach.cues(CoachInput([], z, "", "", "travel"))[0] for t, z in reasons.items()}
+    assert set(want.values()) == {"unmet", "negative", "ready"}
+    # the last coached turn (after the user's reasoning) answers: it follows a `ready` note, not an `unmet` one
+    want = {t: {"unmet": "unmet_not_followed", "ready": "ready_followed"}.get(k, k) for t, k in want.items()}
+    for t, rows in st.rows.items():
+        assert len(st.kinds[t]) == len(rows)
+        assert NOTE_KINDS[st.kinds[t][-1]] == want[t]
+    assert st.counts["placebo_rows"] == st.counts["rows"] > 0
+    rows = [UpdateRow(tuple(t.ids), tuple(t.response_positions()), tuple(x for u in t.turns for x in u.logprobs),
+                     tuple([0.1] * len(t.response_positions())), "g0", t.traj_id) for t in trajs]
+    b = pad_update_rows(rows, tok.pad_token_id)
+    logp = token_logprobs(model, b["input_ids"], b["attention_mask"])
+    _, n, stats = csd.loss(model, rows, b, logp)
+    per = {k: stats[f"placebo_tokens/{k}"] for k in NOTE_KINDS}
+    assert sum(per.values()) == stats["placebo_tokens"] == n
+    assert sum(stats[f"placebo_delta_sum/{k}"] for k in NOTE_KINDS) == pytest.approx(stats["delta_sum"], abs=1e-4)
+    for k in NOTE_KINDS:       # a kind's tokens are those of its rows
+        assert per[k] == sum(len(r.teacher_positions) for t, rs in st.rows.items() for r, i in zip(rs, st.kinds[t])
+                             if NOTE_KINDS[i] == k)
+    assert per["negative"] > 0 and per["ready_followed"] > 0 and per["unmet_not_followed"] > 0
+
+
+def test_note_kind_splits_recommending_cues_by_the_reply():
+    from mimesis_lab.jobs.agent_csd import NOTE_KINDS, note_kind
+
+    assert NOTE_KINDS[note_kind("unmet", "action")] == "unmet_followed"
+    assert NOTE_KINDS[note_kind("unmet", "answer")] == "unmet_not_followed"
+    assert NOTE_KINDS[note_kind("ready", "answer")] == "ready_followed"
+    assert NOTE_KINDS[note_kind("ready", None)] == "ready_not_followed"
+    assert NOTE_KINDS[note_kind("negative", "answer")] == "negative"
+    assert NOTE_KINDS[note_kind("", "answer")] == NOTE_KINDS[note_kind("made up", None)] == "other"
+
+
 def test_leaky_notes_dropped_and_counted(tiny):
     tok, _ = tiny
 

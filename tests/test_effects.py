@@ -264,7 +264,14 @@ def test_csd_note_use():
     near = [{"kind": "train", "metrics": {"csd/tokens": 10.0, "csd/placebo_token_share": 1.0, "csd/delta_mean": 0.01,
                                           "csd/gate_mean": 0.51, "csd/teacher_minus_student": -0.2}}]
     assert eff.csd_note_use(near).startswith("the coach's notes barely steer the agent:")
+    assert eff.csd_note_use(near).endswith("(agent_csd)")                  # no split by kind logged
     assert eff.csd_note_use(steps[-2:]) is None and eff.csd_note_use(None) is None
+    # by kind, token-weighted over steps: unmet_followed (20*0.2 + 5*0.0)/25 = +0.160, negative -0.100 over 10 tokens
+    steps[1]["metrics"].update({"csd/placebo_tokens/unmet_followed": 20.0, "csd/placebo_delta_mean/unmet_followed": 0.2,
+                                "csd/placebo_tokens/negative": 10.0, "csd/placebo_delta_mean/negative": -0.1})
+    steps[2]["metrics"].update({"csd/placebo_tokens/unmet_followed": 5.0, "csd/placebo_delta_mean/unmet_followed": 0.0})
+    assert eff.csd_note_use(steps).endswith(
+        "(agent_csd); real − placebo by the note's kind (tokens): unmet_followed +0.160 (25), negative -0.100 (10)")
 
 
 def _cell(score):

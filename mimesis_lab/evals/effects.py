@@ -594,10 +594,20 @@ def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
     teacher − student (what putting any note in the context does). A sentence for the ``csd_vs_grpo`` report
     line, or ``None`` without coached tokens with a placebo row: CSD moves the student towards its coached teacher
     only as far as the note, not the placebo, changes what the teacher would say; within :data:`NOTE_GATE_MARGIN`
-    of a gate of 1/2 the sentence says the notes barely steer the agent."""
+    of a gate of 1/2 the sentence says the notes barely steer the agent. Where the job logged the split by kind of
+    note (``csd/placebo_delta_mean/<kind>`` over ``csd/placebo_tokens/<kind>``), the sentence ends with real −
+    placebo per kind, the most coached first: which of the coach's notes the agent reads."""
     tok = plac = d = g = ts = 0.0
+    kinds: dict[str, list[float]] = {}
     for r in steps or []:
         m = r.get("metrics") or {}
+        for key, v in m.items():
+            if key.startswith("csd/placebo_delta_mean/"):
+                k = key.rsplit("/", 1)[1]
+                n_k = m.get(f"csd/placebo_tokens/{k}")
+                if isinstance(n_k, (int, float)) and n_k > 0 and isinstance(v, (int, float)) and math.isfinite(v):
+                    acc = kinds.setdefault(k, [0.0, 0.0])
+                    acc[0], acc[1] = acc[0] + n_k, acc[1] + n_k * v
         n, share = m.get("csd/tokens"), m.get("csd/placebo_token_share")
         vals = [m.get(k) for k in ("csd/delta_mean", "csd/gate_mean", "csd/teacher_minus_student")]
         if not isinstance(n, (int, float)) or n <= 0 or not isinstance(share, (int, float)) or share <= 0 \
@@ -609,12 +619,13 @@ def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
     if tok <= 0:
         return None
     gate = g / tok
+    by_kind = ", ".join(f"{k} {v / n:+.3f} ({int(n)})" for k, (n, v) in sorted(kinds.items(), key=lambda kv: -kv[1][0]))
     verdict = "barely steer the agent" if abs(gate - 0.5) < NOTE_GATE_MARGIN else "steer the agent"
     return (f"the coach's notes {verdict}: on its {int(tok)} coached tokens ({100 * plac / tok:.0f}% with a placebo "
             f"row) the teacher's log-prob of the sampled token under the real note minus under a placebo note is "
             f"{d / tok:+.3f} a token (gate {gate:.2f}; 0.50 = the note makes no difference), and with a note in the "
             f"context the teacher gives the sampled tokens {ts / tok:+.3f} a token against the student without one "
-            f"(agent_csd)")
+            f"(agent_csd)" + (by_kind and f"; real − placebo by the note's kind (tokens): {by_kind}"))
 
 
 def _with_note(e: dict, note: str | None) -> dict:

@@ -26,7 +26,9 @@ plus, per step:
    statistics come from :func:`~mimesis_lab.rl.losses.csd_gate`.
 
 MLflow shows the ``csd/*`` counters (coached turn share, coach NONE/failures, leaks dropped, rows
-skipped, placebo rows) and the loss statistics (``csd/loss``, ``csd/gate_mean``, ``csd/delta_mean``).
+skipped, placebo rows) and the loss statistics (``csd/loss``, ``csd/gate_mean``, ``csd/delta_mean``), and per
+kind of note (:data:`NOTE_KINDS`) the real − placebo log-prob a token (``csd/placebo_delta_mean/<kind>`` over
+``csd/placebo_tokens/<kind>``): which notes the teacher reads.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ import torch
 from mimesis_lab.jobs.agent_grpo import SUMMARY_KEYS as GRPO_SUMMARY_KEYS
 from mimesis_lab.envs.gyms.base import gym_name
 from mimesis_lab.jobs.agent_grpo import agent_inputs, load_training_rows, step_metrics
-from mimesis_lab.judges.coach import CoachInput, check_coach_endpoint, make_coach
+from mimesis_lab.judges.coach import NOTES, CoachInput, check_coach_endpoint, make_coach
 from mimesis_lab.judges.leak import LeakValidator, private_facts
 from mimesis_lab.rl.agent_batch import build_agent_rows
 from mimesis_lab.rl.csd import (PlaceboPool, TeacherRow, build_teacher_row, gather_teacher_logp, history_before,
@@ -57,21 +59,41 @@ from mimesis_lab.train.runtime import all_reduce, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
 
-__all__ = ["CSD", "CSDStep", "csd_update", "train_agent_csd", "main"]
+__all__ = ["CSD", "CSDStep", "NOTE_KINDS", "note_kind", "csd_update", "train_agent_csd", "main"]
 
 COUNTERS = ("trajectories", "trajectories_skipped_gym", "turns", "turns_selected", "coach_ok", "coach_none",
             "coach_failure", "leaks_dropped", "rows", "rows_skipped_width", "placebo_rows", "placebo_unavailable")
-LOSS_STATS = ("loss_sum", "tokens", "gate_sum", "delta_sum", "placebo_tokens", "teacher_minus_student_sum")
+#: The agent action a note of the template coach recommends (:func:`mimesis_lab.judges.coach.action_note`).
+RECOMMENDS = {"unmet": "action", "ready": "answer"}
+#: Kinds of note the per-kind statistics split by: a note's leading cue of the template coach, split for a cue that
+#: recommends an action (:data:`RECOMMENDS`) by whether the sampled reply took it (``_followed``) or not
+#: (``_not_followed``) — a teacher that reads the note raises the one and lowers the other; ``other`` for notes
+#: without a cue (an LLM coach's).
+NOTE_KINDS = tuple(k2 for k in NOTES for k2 in ((f"{k}_followed", f"{k}_not_followed") if k in RECOMMENDS else (k,))) \
+    + ("other",)
+
+LOSS_STATS = ("loss_sum", "tokens", "gate_sum", "delta_sum", "placebo_tokens", "teacher_minus_student_sum",
+              *(f"{s}/{k}" for k in NOTE_KINDS for s in ("placebo_delta_sum", "placebo_tokens")))
 SUMMARY_KEYS = GRPO_SUMMARY_KEYS + ("csd/loss", "csd/gate_mean", "csd/coached_turn_share")
 SHOW = ("reward/mean", "invalid_total", "tool_call_error_rate", "update/ppo_loss", "csd/loss",
         "csd/coached_turn_share")
 
 
+def note_kind(cue: str, choice: str | None) -> int:
+    """Index in :data:`NOTE_KINDS` of a note led by ``cue`` (``CoachResult.kind``) before a reply whose tool call
+    chose ``choice``."""
+    if cue in RECOMMENDS:
+        cue = f"{cue}_followed" if choice == RECOMMENDS[cue] else f"{cue}_not_followed"
+    return NOTE_KINDS.index(cue) if cue in NOTE_KINDS else len(NOTE_KINDS) - 1
+
+
 @dataclass
 class CSDStep:
-    """One step's teacher rows (keyed by rollout id; ``student_row`` is set per micro-chunk)."""
+    """One step's teacher rows (keyed by rollout id; ``student_row`` is set per micro-chunk) and, beside each
+    row, the index of its note's kind in :data:`NOTE_KINDS`."""
 
     rows: dict[str, list[TeacherRow]] = field(default_factory=dict)
+    kinds: dict[str, list[int]] = field(default_factory=dict)
     placebo: dict[str, list[TeacherRow]] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
 
@@ -136,7 +158,7 @@ class CSD:
                 results = list(pool.map(lambda j: self.coach.coach(j[2]), jobs))
         else:
             results = [self.coach.coach(j[2]) for j in jobs]
-        notes: list[tuple[Any, int, CoachInput, str]] = []
+        notes: list[tuple[Any, int, CoachInput, str, int]] = []
         for (tr, t, inp), res in zip(jobs, results):
             if res.status != "ok" or not res.note:
                 c["coach_none" if res.status == "none" else "coach_failure"] += 1
@@ -147,11 +169,11 @@ class CSD:
                 if v is not None and v.check(res.note):
                     c["leaks_dropped"] += 1
                     continue
-            notes.append((tr, t, inp, res.note))
-        for tr, _, _, note in notes:
+            notes.append((tr, t, inp, res.note, note_kind(res.kind, tr.turns[t].choice)))
+        for tr, _, _, note, _ in notes:
             self.pool.add(note, tr.traj_id)
         width = self.cfg.max_teacher_tokens
-        for tr, t, inp, note in notes:
+        for tr, t, inp, note, kind in notes:
             ids = tr.turns[t].token_ids
             pos = turn_positions(tr)[t]
             row = build_teacher_row(self.tokenizer, inp.history, note, ids, student_row=0, student_positions=pos,
@@ -160,6 +182,7 @@ class CSD:
                 c["rows_skipped_width"] += 1
                 continue
             st.rows.setdefault(tr.traj_id, []).append(row)
+            st.kinds.setdefault(tr.traj_id, []).append(kind)
             c["rows"] += 1
             if not self.cfg.placebo:
                 continue
@@ -232,6 +255,7 @@ class CSD:
         n_student, width = batch["input_ids"].shape
         real = [dataclasses.replace(r, student_row=j) for j, row in enumerate(chunk_rows)
                 for r in self.step.rows.get(row.rollout_id, [])]
+        kinds = [k for row in chunk_rows for k in self.step.kinds.get(row.rollout_id, [])]
         plac = [dataclasses.replace(r, student_row=j) for j, row in enumerate(chunk_rows)
                 for r in self.step.placebo.get(row.rollout_id, [])]
         with torch.no_grad():
@@ -250,7 +274,25 @@ class CSD:
             stats = {"loss_sum": float(value.detach()) * n, "tokens": n, "gate_sum": float(gate[sel].sum()),
                      "delta_sum": float(delta[sel].sum()), "placebo_tokens": n_plac,
                      "teacher_minus_student_sum": float((teacher[sel] - logp.detach()[sel]).sum())}
+            if placebo is not None:
+                stats.update(_by_kind(real, kinds, sel & ~torch.isnan(placebo), delta))
         return value, n, stats
+
+
+def _by_kind(rows: Sequence[TeacherRow], kinds: Sequence[int], has_placebo: torch.Tensor, delta: torch.Tensor
+             ) -> dict[str, float]:
+    """Per kind of note: the sum of ``delta`` (real − placebo note) and the count over the coached tokens with a
+    placebo log-prob; a teacher row's tokens sit at student-grid positions ``p - 1`` of its student row."""
+    grid = torch.full(has_placebo.shape, -1, dtype=torch.long, device=has_placebo.device)
+    for r, k in zip(rows, kinds):
+        for p in r.student_positions:
+            grid[r.student_row, p - 1] = k
+    out: dict[str, float] = {}
+    for i, name in enumerate(NOTE_KINDS):
+        sel = has_placebo & (grid == i)
+        out[f"placebo_tokens/{name}"] = float(sel.sum())
+        out[f"placebo_delta_sum/{name}"] = float(delta[sel].sum())
+    return out
 
 
 def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int, world: int, ref: Any = None,
@@ -308,6 +350,10 @@ def csd_update(engine, rows, csd: CSD, cfg: Any, rng: random.Random, pad_id: int
                     "csd/delta_mean": a["delta_sum"] / a["tokens"],
                     "csd/teacher_minus_student": a["teacher_minus_student_sum"] / a["tokens"],
                     "csd/placebo_token_share": a["placebo_tokens"] / a["tokens"]})
+    for k in NOTE_KINDS:
+        if a[f"placebo_tokens/{k}"]:
+            out[f"csd/placebo_tokens/{k}"] = a[f"placebo_tokens/{k}"]
+            out[f"csd/placebo_delta_mean/{k}"] = a[f"placebo_delta_sum/{k}"] / a[f"placebo_tokens/{k}"]
     return out
 
 

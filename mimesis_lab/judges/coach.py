@@ -24,7 +24,7 @@ next step's tally.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -58,7 +58,8 @@ class CoachInput:
 class CoachResult:
     """``status``: ``ok`` (``note`` set), ``none`` (nothing to say) or ``failure`` (``detail`` says why,
     ``reason`` is the endpoint's failure kind; ``transient``: the endpoint's retries ran out on a timeout,
-    transport error, 429 or 5xx)."""
+    transport error, 429 or 5xx). ``kind``: the :class:`TemplateCoach` cue that leads the note (a key of
+    :data:`NOTES`), empty for other coaches."""
 
     note: str | None
     status: str
@@ -66,6 +67,7 @@ class CoachResult:
     transient: bool = False
     recovered_retries: int = 0     # failed endpoint attempts before this answer (OpenAICoach)
     reason: str = ""
+    kind: str = ""
 
 
 def _style(style: str) -> str:
@@ -254,7 +256,7 @@ class TemplateCoach:
             return CoachResult(None, "none", "no cue")
         cats = self.categories(f"{inp.reasoning}\n{inp.next_utterance}")
         sentences = [NOTES[n].format(cats=f" ({', '.join(cats)})" if cats else "") for n in names]
-        return parse_note(" ".join(sentences))
+        return replace(parse_note(" ".join(sentences)), kind=names[0])
 
     def close(self) -> None:
         pass
