@@ -270,8 +270,17 @@ def test_csd_note_use():
     steps[1]["metrics"].update({"csd/placebo_tokens/unmet_followed": 20.0, "csd/placebo_delta_mean/unmet_followed": 0.2,
                                 "csd/placebo_tokens/negative": 10.0, "csd/placebo_delta_mean/negative": -0.1})
     steps[2]["metrics"].update({"csd/placebo_tokens/unmet_followed": 5.0, "csd/placebo_delta_mean/unmet_followed": 0.0})
+    # the verdict reads the kinds: (|25 * 0.16| + |10 * -0.1|) / 35 = 0.143 >= 0.04
     assert eff.csd_note_use(steps).endswith(
-        "(agent_csd); real − placebo by the note's kind (tokens): unmet_followed +0.160 (25), negative -0.100 (10)")
+        "(agent_csd); real − placebo by the note's kind (tokens): unmet_followed +0.160 (25), negative -0.100 (10); "
+        "|real − placebo| weighted over the kinds 0.143 a token")
+    # kinds that cancel in the overall mean still steer; kinds near 0 barely do, whatever the gate says
+    near[0]["metrics"].update({"csd/placebo_tokens/negative": 6.0, "csd/placebo_delta_mean/negative": -0.1,
+                               "csd/placebo_tokens/ready_followed": 4.0, "csd/placebo_delta_mean/ready_followed": 0.175})
+    assert eff.csd_note_use(near).startswith("the coach's notes steer the agent:")        # (0.6 + 0.7) / 10 = 0.13
+    steps[1]["metrics"].update({"csd/placebo_delta_mean/unmet_followed": 0.01, "csd/placebo_delta_mean/negative": 0.0})
+    steps[2]["metrics"]["csd/placebo_delta_mean/unmet_followed"] = -0.01
+    assert eff.csd_note_use(steps).startswith("the coach's notes barely steer the agent:")  # gate 0.55, kinds 0.15 / 35 = 0.004
 
 
 def _cell(score):

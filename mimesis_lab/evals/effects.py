@@ -585,6 +585,9 @@ def user_guidance(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
 #: :func:`csd_note_use` says the notes "barely steer" the agent while its mean gate is within this of 1/2 (|delta| below
 #: about 0.04 nats a token at the default beta 5).
 NOTE_GATE_MARGIN = 0.05
+#: With the split by kind of note: "barely steer" while the token-weighted mean of |real − placebo| over the kinds is
+#: below this (nats a token; the gate margin's equivalent at beta 5).
+NOTE_DELTA_MARGIN = 0.04
 
 
 def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
@@ -596,7 +599,10 @@ def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
     only as far as the note, not the placebo, changes what the teacher would say; within :data:`NOTE_GATE_MARGIN`
     of a gate of 1/2 the sentence says the notes barely steer the agent. Where the job logged the split by kind of
     note (``csd/placebo_delta_mean/<kind>`` over ``csd/placebo_tokens/<kind>``), the sentence ends with real −
-    placebo per kind, the most coached first: which of the coach's notes the agent reads."""
+    placebo per kind, the most coached first, and the verdict reads the kinds instead: notes that steer the teacher
+    in opposite directions (up for a reply that takes the recommended action, down for an approach the user turned
+    down) cancel in the overall mean, so the verdict is the token-weighted mean of |real − placebo| over the kinds
+    against :data:`NOTE_DELTA_MARGIN`."""
     tok = plac = d = g = ts = 0.0
     kinds: dict[str, list[float]] = {}
     for r in steps or []:
@@ -620,7 +626,13 @@ def csd_note_use(steps: Sequence[Mapping[str, Any]] | None) -> str | None:
         return None
     gate = g / tok
     by_kind = ", ".join(f"{k} {v / n:+.3f} ({int(n)})" for k, (n, v) in sorted(kinds.items(), key=lambda kv: -kv[1][0]))
-    verdict = "barely steer the agent" if abs(gate - 0.5) < NOTE_GATE_MARGIN else "steer the agent"
+    if kinds:
+        spread = sum(abs(v) for _, v in kinds.values()) / sum(n for n, _ in kinds.values())
+        by_kind += f"; |real − placebo| weighted over the kinds {spread:.3f} a token"
+        barely = spread < NOTE_DELTA_MARGIN
+    else:
+        barely = abs(gate - 0.5) < NOTE_GATE_MARGIN
+    verdict = "barely steer the agent" if barely else "steer the agent"
     return (f"the coach's notes {verdict}: on its {int(tok)} coached tokens ({100 * plac / tok:.0f}% with a placebo "
             f"row) the teacher's log-prob of the sampled token under the real note minus under a placebo note is "
             f"{d / tok:+.3f} a token (gate {gate:.2f}; 0.50 = the note makes no difference), and with a note in the "
