@@ -45,7 +45,7 @@ import torch
 from mimesis_lab.jobs.agent_grpo import SUMMARY_KEYS as GRPO_SUMMARY_KEYS
 from mimesis_lab.envs.gyms.base import gym_name
 from mimesis_lab.jobs.agent_grpo import agent_inputs, load_training_rows, step_metrics
-from mimesis_lab.judges.coach import NOTES, CoachInput, check_coach_endpoint, make_coach
+from mimesis_lab.judges.coach import NOTES, RECOMMENDS, CoachInput, check_coach_endpoint, make_coach
 from mimesis_lab.judges.leak import LeakValidator, private_facts
 from mimesis_lab.rl.agent_batch import build_agent_rows
 from mimesis_lab.rl.csd import (PlaceboPool, TeacherRow, build_teacher_row, gather_teacher_logp, history_before,
@@ -63,8 +63,6 @@ __all__ = ["CSD", "CSDStep", "NOTE_KINDS", "note_kind", "csd_update", "train_age
 
 COUNTERS = ("trajectories", "trajectories_skipped_gym", "turns", "turns_selected", "coach_ok", "coach_none",
             "coach_failure", "leaks_dropped", "rows", "rows_skipped_width", "placebo_rows", "placebo_unavailable")
-#: The agent action a note of the template coach recommends (:func:`mimesis_lab.judges.coach.action_note`).
-RECOMMENDS = {"unmet": "action", "ready": "answer"}
 #: Kinds of note the per-kind statistics split by: a note's leading cue of the template coach, split for a cue that
 #: recommends an action (:data:`RECOMMENDS`) by whether the sampled reply took it (``_followed``) or not
 #: (``_not_followed``) — a teacher that reads the note raises the one and lowers the other; ``other`` for notes

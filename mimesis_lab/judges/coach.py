@@ -34,7 +34,7 @@ from mimesis_lab.config import OpenAIEndpoint
 from mimesis_lab.endpoint import AnswerError, ChatEndpoint, Tally, chat_message
 
 __all__ = ["MAX_NOTE_CHARS", "STYLES", "CoachInput", "CoachResult", "parse_note", "coach_messages", "TemplateCoach",
-           "OpenAICoach", "make_coach", "check_coach_endpoint", "action_note"]
+           "OpenAICoach", "make_coach", "check_coach_endpoint", "action_note", "RECOMMENDS"]
 
 MAX_NOTE_CHARS = 600
 STYLES = ("prospective", "corrective")
@@ -176,6 +176,9 @@ NOTES = {
     "ready": "The user is ready: give the final answer now.",
     "no_tool": "Call the interact_with_env tool with a choice of action, search or answer.",
 }
+#: The agent tool choice a note recommends, for the cues that recommend one (:func:`action_note`; the CSD job splits
+#: its note statistics by whether the reply took it).
+RECOMMENDS = {"unmet": "action", "ready": "answer"}
 _TOOL = re.compile(r"<tool_call>|\[(?:action|answer|search)\]", re.IGNORECASE)
 
 
@@ -274,9 +277,9 @@ def action_note(choice: str, content: str, reply: str = "") -> str | None:
     or in ``reply`` (the user's answer, as the coach reads ``x_{t+1}``), never a value; a final
     ``answer`` gets the ``ready`` note. Any other action (a search, an argument) gets none: no note of
     the template coach recommends it."""
-    if choice == "answer":
+    if choice == RECOMMENDS["ready"]:
         return NOTES["ready"]
-    if choice == "action" and _is_question(content):
+    if choice == RECOMMENDS["unmet"] and _is_question(content):
         cats = TemplateCoach.categories(f"{content}\n{reply}")
         return NOTES["unmet"].format(cats=f" ({', '.join(cats)})" if cats else "")
     return None
