@@ -9,7 +9,7 @@ import pytest
 
 from mimesis_lab.envs.base import TASKS, TaskContext, TaskScore, make_episode
 from mimesis_lab.envs.behavior import behavior_reward
-from mimesis_lab.envs.behavior_task import BehaviorEpisode, load_behavior_rows
+from mimesis_lab.envs.behavior_task import BehaviorEpisode, load_behavior_rows, unreachable_rows
 from mimesis_lab.envs.output_format import parse_reply
 from mimesis_lab.judges.behavior_judge import JudgeFailure, RuleJudge, Verdict
 
@@ -179,3 +179,17 @@ def test_load_behavior_rows(tmp_path):
     pl.DataFrame([row(), row("N"), other]).write_parquet(path)
     rows = load_behavior_rows(path)
     assert [r["task_id"] for r in rows] == ["1-B9", "1-N"] and isinstance(rows[0]["scenario"], str)
+
+
+def test_unreachable_rows_flags_behaviours_timed_past_the_last_turn():
+    """``after your turn k`` needs the (k+1)-th simulator turn: with 3 turns, k = 2 is the last reachable one."""
+    def row(tid, b, kw, budget=5):
+        return {"task_id": tid, "behavior_ids": json.dumps([b] if b != "N" else []), "kwargs": json.dumps(kw),
+                "turn_budget": budget}
+    rows = [row("a", "B10", {"abandon_after_turn": 4}), row("b", "B10", {"abandon_after_turn": 2}),
+            row("c", "B6", {"switch_after_turn": 3}), row("d", "B2", {"add_after_turn": 2}),
+            row("e", "B4", {"infeasible_request": "x"}), row("f", "N", {})]
+    assert unreachable_rows(rows, 3) == ["a", "c"]
+    assert unreachable_rows(rows, 4) == ["a"]
+    assert unreachable_rows(rows) == []                      # each row's own budget (5): every timing fits
+    assert unreachable_rows([row("g", "B2", {"add_after_turn": 2}, budget=2)]) == ["g"]

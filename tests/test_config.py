@@ -19,6 +19,14 @@ def test_bundled_params_validate():
     assert p.validate_.fail_on_error is True
 
 
+def test_bundled_behaviour_tasks_fit_the_episodes_that_use_them():
+    """The behaviour kwargs are timed for ``behavior_tasks.turn_budget``; an episode with fewer turns could not
+    reach a behaviour timed for a later turn (sim_rl warns, :func:`mimesis_lab.envs.behavior_task.unreachable_rows`)."""
+    p = C.load_params(ROOT / "params.yaml")
+    episodes = [p.sim_eval.turn_budget, p.sim_rl.tasks["usersim_behavior"].turn_budget]
+    assert all(b is None or b >= p.behavior_tasks.turn_budget for b in episodes)
+
+
 def test_unknown_key_is_named():
     d = _params()
     d["role_swap"]["sead"] = 1

@@ -101,6 +101,14 @@ def test_sim_rl_gain_breakdown_separates_task_mix_from_learning():
     assert e["value"] == pytest.approx(0.265)
     # at the first window's mix (N 1, B5 3): (1 * 0 + 3 * (0.25 - 0.2)) / 4
     assert e["mix_adjusted"] == pytest.approx(0.0375) and e["mix_adjusted_labels"] == 2
+    # the first window holds one N rollout: that cell cannot be resampled, so no interval
+    assert e["mix_adjusted_ci"] is None
+    # with two N rollouts in the first window every cell can be resampled; N's cells are constant (0.9), so the
+    # interval comes from B5 alone: (3/5) * (last mean in {0.2, 0.25, 0.3} - first 0.2) spans [0, 0.06]
+    e2 = eff.sim_rl_reward_gain(None, rolls + [_lab(1, "N", 0.9, 1.0, "a")])
+    assert e2["mix_adjusted"] == pytest.approx(3 / 5 * 0.05)
+    lo, hi = e2["mix_adjusted_ci"]
+    assert lo == pytest.approx(0.0) and hi == pytest.approx(0.06)
     assert e["neutral_share"] == pytest.approx([0.25, 0.6]) and e["behavior_exhibit"] == pytest.approx([0.0, 0.25])
     # B groups with more than one rollout: (2, c) all 0, (6, f) 0.5 vs 0 -> half can teach the behaviour
     assert e["groups_with_exhibit_variance"] == pytest.approx(0.5) and e["behavior_groups"] == 2

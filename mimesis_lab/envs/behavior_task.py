@@ -32,7 +32,8 @@ from mimesis_lab.judges.abcd_agent import ABCDSupportAgent, topic_name
 from mimesis_lab.judges.behavior_judge import BehaviorJudgeRequest, JudgeFailure, rule_check
 from mimesis_lab.thoughttrace import simulator_system_prompt
 
-__all__ = ["BehaviorEpisode", "load_behavior_rows", "system_prompt", "behavior_instruction", "GOALS", "DATA_SOURCE"]
+__all__ = ["BehaviorEpisode", "load_behavior_rows", "system_prompt", "behavior_instruction", "GOALS", "DATA_SOURCE",
+           "TIMING_KEYS", "unreachable_rows"]
 
 DATA_SOURCE = "usersim_behavior"
 
@@ -244,6 +245,29 @@ def _json(value: Any, default: Any) -> Any:
     if value is None or value == "":
         return default
     return json.loads(value) if isinstance(value, str) else value
+
+
+#: behaviours whose kwargs say at which user turn they happen (``k``: the customer's earlier turns, so 2 = the
+#: third message; the world's customer and the instruction "after your turn k" count the same way)
+TIMING_KEYS = {"B2": "add_after_turn", "B6": "switch_after_turn", "B10": "abandon_after_turn"}
+
+
+def unreachable_rows(rows: list[dict[str, Any]], turn_budget: int | None = None) -> list[str]:
+    """Task ids of behaviour rows whose behaviour is timed past the episode's last simulator turn: a row's
+    :data:`TIMING_KEYS` kwarg ``k`` needs turn ``k + 1`` of at most ``turn_budget`` (the override, else the row's
+    own ``turn_budget``). Such an instruction cannot be enacted, so its GRPO group gets no exhibit variance
+    (kwargs built for a longer budget than ``sim_rl.tasks.usersim_behavior.turn_budget``)."""
+    out = []
+    for row in rows:
+        ids = _json(row.get("behavior_ids"), [])
+        key = TIMING_KEYS.get(str(ids[0])) if ids else None
+        if key is None:
+            continue
+        at = _json(row.get("kwargs"), {}).get(key)
+        budget = int(turn_budget if turn_budget is not None else row.get("turn_budget") or 8)
+        if at is not None and int(at) > budget - 1:
+            out.append(str(row.get("task_id")))
+    return out
 
 
 def load_behavior_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -252,7 +252,8 @@ def behaviour_breakdown(vals: Sequence[Mapping[str, Any]], first: set[int], last
     window means mix neutral tasks (N, a cooperative customer: judged near 1) with behaviour tasks (B1-B13:
     near 0.25 unless the behaviour is enacted), so a window that drew more N tasks scores higher without any
     learning. Returns ``mix_adjusted`` (per behaviour label, last − first window mean, weighted by the first
-    window's label counts: the gain at a fixed task mix), ``neutral_share`` and ``behavior_exhibit`` (mean judged
+    window's label counts: the gain at a fixed task mix) with ``mix_adjusted_ci`` (stratified bootstrap: each
+    window's rollouts of each label resampled on their own; ``None`` when a cell has fewer than 2), ``neutral_share`` and ``behavior_exhibit`` (mean judged
     ``exhibit`` of the B rollouts) per window, and ``groups_with_exhibit_variance`` (share of B-task GRPO groups
     whose rollouts differ in ``exhibit``: the only groups whose advantages can teach the behaviour); ``{}``
     without labels."""
@@ -269,9 +270,17 @@ def behaviour_breakdown(vals: Sequence[Mapping[str, Any]], first: set[int], last
         return by
 
     fa, la = window(first), window(last)
-    both = [b for b in fa if b in la]
+    both = sorted(b for b in fa if b in la)
     w = sum(len(fa[b]) for b in both)
     adj = (sum(len(fa[b]) * (_mean(la[b]) - _mean(fa[b])) for b in both) / w) if w else None
+    adj_ci = None
+    if w and all(len(fa[b]) >= 2 and len(la[b]) >= 2 for b in both):
+        # stratified bootstrap: every (window, label) cell resampled on its own, the weights held fixed
+        rng = np.random.default_rng(SEED)
+        cells = [(len(fa[b]), np.asarray(fa[b]), np.asarray(la[b])) for b in both]
+        reps = [sum(n * (rng.choice(y, len(y)).mean() - rng.choice(x, len(x)).mean()) for n, x, y in cells) / w
+                for _ in range(N_BOOT)]
+        adj_ci = [float(x) for x in np.quantile(reps, [0.025, 0.975])]
 
     def exhibit(steps: set[int]) -> float | None:
         xs = [float(e) for st, b, _, e, _ in lab if st in steps and b != "N" and isinstance(e, (int, float))]
@@ -283,7 +292,7 @@ def behaviour_breakdown(vals: Sequence[Mapping[str, Any]], first: set[int], last
             groups.setdefault((st, g), []).append(float(e))
     multi = [v for v in groups.values() if len(v) > 1]
     n_first, n_last = sum(len(v) for v in fa.values()), sum(len(v) for v in la.values())
-    return {"mix_adjusted": adj, "mix_adjusted_labels": len(both),
+    return {"mix_adjusted": adj, "mix_adjusted_ci": adj_ci, "mix_adjusted_labels": len(both),
             "neutral_share": [len(fa.get("N", [])) / n_first if n_first else None,
                               len(la.get("N", [])) / n_last if n_last else None],
             "behavior_exhibit": [exhibit(first), exhibit(last)],
@@ -297,7 +306,9 @@ def _behaviour_note(e: dict) -> str | None:
         return None
     ns, ex, gv = e["neutral_share"], e["behavior_exhibit"], e.get("groups_with_exhibit_variance")
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    note = (f"at the first window's task mix the gain is {e['mix_adjusted']:+.3f} (neutral tasks "
+    ci = e.get("mix_adjusted_ci")
+    ci_txt = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+    note = (f"at the first window's task mix the gain is {e['mix_adjusted']:+.3f}{ci_txt} (neutral tasks "
             f"{fmt(ns[0])} -> {fmt(ns[1])} of the rollouts); the judged exhibit of the behaviour tasks went "
             f"{fmt(ex[0])} -> {fmt(ex[1])}")
     if gv is not None:

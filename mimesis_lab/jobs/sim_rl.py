@@ -71,6 +71,7 @@ def task_context(cfg: Any) -> Any:
 def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     """Train ``params.sim_rl`` on this rank; rank 0 returns the summary (also ``final/training_summary.json``)."""
     import mimesis_lab.envs.behavior_task  # noqa: F401  (registers usersim_behavior)
+    from mimesis_lab.envs.behavior_task import DATA_SOURCE, unreachable_rows
     import mimesis_lab.envs.usersim_tasks  # noqa: F401  (registers the ThoughtTrace tasks)
     from mimesis_lab.envs.base import make_episode
     from mimesis_lab.envs.registry import load_task_rows
@@ -94,8 +95,14 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     judge = make_judge(cfg.judge.kind, cfg.judge.openai)
     weights = {ds: t.weight for ds, t in cfg.tasks.items()}
     backend = colocated_backend(cfg.rollout, cfg.init_from, engine.module, tokenizer)
+    late = unreachable_rows(task_rows.get(DATA_SOURCE, []), ctx.option(DATA_SOURCE, "turn_budget"))
+    if late and rank == 0:
+        print(f"[sim_rl] warning: {len(late)} of {len(task_rows[DATA_SOURCE])} {DATA_SOURCE} rows time their behaviour "
+              f"past the episode's last turn (e.g. {', '.join(late[:3])}): they cannot be enacted; build the tasks "
+              "for the episode's budget (behavior_tasks.turn_budget)", flush=True)
     info = {"judge": cfg.judge.kind, "invalid_policy": cfg.invalid_policy,
-            "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped, **job.info()}
+            "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped,
+            "behavior_rows_unreachable": len(late), **job.info()}
 
     run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
     ok = False
