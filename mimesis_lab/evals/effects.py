@@ -253,10 +253,10 @@ def behaviour_breakdown(vals: Sequence[Mapping[str, Any]], first: set[int], last
     near 0.25 unless the behaviour is enacted), so a window that drew more N tasks scores higher without any
     learning. Returns ``mix_adjusted`` (per behaviour label, last − first window mean, weighted by the first
     window's label counts: the gain at a fixed task mix) with ``mix_adjusted_ci`` (stratified bootstrap: each
-    window's rollouts of each label resampled on their own; ``None`` when a cell has fewer than 2), ``neutral_share`` and ``behavior_exhibit`` (mean judged
-    ``exhibit`` of the B rollouts) per window, and ``groups_with_exhibit_variance`` (share of B-task GRPO groups
-    whose rollouts differ in ``exhibit``: the only groups whose advantages can teach the behaviour); ``{}``
-    without labels."""
+    window's rollouts of each label resampled on their own; ``None`` when a cell has fewer than 2),
+    ``neutral_share`` and ``behavior_exhibit`` (mean judged ``exhibit`` of the B rollouts) per window, and
+    ``groups_with_exhibit_variance`` (share of B-task GRPO groups whose rollouts differ in ``exhibit``: the only
+    groups whose advantages can teach the behaviour); ``{}`` without labels."""
     lab = [(int(r["step"]), (r.get("labels") or {}).get("behavior"), float(r["raw"]),
             (r.get("components") or {}).get("exhibit"), r.get("group_id")) for r in vals]
     if not lab or any(x[1] is None for x in lab):

@@ -71,9 +71,9 @@ def task_context(cfg: Any) -> Any:
 def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
     """Train ``params.sim_rl`` on this rank; rank 0 returns the summary (also ``final/training_summary.json``)."""
     import mimesis_lab.envs.behavior_task  # noqa: F401  (registers usersim_behavior)
-    from mimesis_lab.envs.behavior_task import DATA_SOURCE, unreachable_rows
     import mimesis_lab.envs.usersim_tasks  # noqa: F401  (registers the ThoughtTrace tasks)
     from mimesis_lab.envs.base import make_episode
+    from mimesis_lab.envs.behavior_task import DATA_SOURCE, unreachable_rows
     from mimesis_lab.envs.registry import load_task_rows
     from mimesis_lab.judges.behavior_judge import make_judge
     from mimesis_lab.rollout.backends import SamplingParams, colocated_backend
