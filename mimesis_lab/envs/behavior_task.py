@@ -33,7 +33,7 @@ from mimesis_lab.judges.behavior_judge import BehaviorJudgeRequest, JudgeFailure
 from mimesis_lab.thoughttrace import simulator_system_prompt
 
 __all__ = ["BehaviorEpisode", "load_behavior_rows", "system_prompt", "behavior_instruction", "GOALS", "DATA_SOURCE",
-           "TIMING_KEYS", "unreachable_rows"]
+           "TIMING_KEYS", "row_behavior", "episode_turn_budget", "unreachable_rows"]
 
 DATA_SOURCE = "usersim_behavior"
 
@@ -169,15 +169,12 @@ class BehaviorEpisode(SimEpisode):
     def __init__(self, row: dict[str, Any], ctx: TaskContext, rng: random.Random):
         super().__init__(row, ctx, rng)
         self.scenario = _json(row.get("scenario"), {})
-        ids = _json(row.get("behavior_ids"), [])
-        self.behavior = str(ids[0]) if ids else "N"
+        self.behavior, self.kwargs = row_behavior(row)
         if self.behavior not in TAXONOMY:
             raise ValueError(f"row {self.task_id}: unknown behaviour {self.behavior!r}")
-        self.kwargs = _json(row.get("kwargs"), {}) if ids else {}
         self.flow = str(row.get("flow") or self.scenario.get("flow") or "")
         self.subflow = str(row.get("subflow") or self.scenario.get("subflow") or "")
-        opt = ctx.option(DATA_SOURCE, "turn_budget")
-        self.turn_budget = int(opt if opt is not None else row.get("turn_budget") or 8)
+        self.turn_budget = episode_turn_budget(row, ctx.option(DATA_SOURCE, "turn_budget"))
         self.env_error: str | None = None
         self.system = simulator_prompt(system_prompt(self.scenario, self.subflow, self.behavior, self.kwargs,
                                                      self.turn_budget))
@@ -252,6 +249,18 @@ def _json(value: Any, default: Any) -> Any:
 TIMING_KEYS = {"B2": "add_after_turn", "B6": "switch_after_turn", "B10": "abandon_after_turn"}
 
 
+def row_behavior(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A behaviour-task row's behaviour (its first id; ``N`` for an empty list) and kwargs (``{}`` for N)."""
+    ids = _json(row.get("behavior_ids"), [])
+    return (str(ids[0]), _json(row.get("kwargs"), {})) if ids else ("N", {})
+
+
+def episode_turn_budget(row: dict[str, Any], override: int | None = None) -> int:
+    """Simulator turns of the row's episode: ``override`` (``sim_rl.tasks.usersim_behavior.turn_budget``), else
+    the row's ``turn_budget``, else 8."""
+    return int(override if override is not None else row.get("turn_budget") or 8)
+
+
 def unreachable_rows(rows: list[dict[str, Any]], turn_budget: int | None = None) -> list[str]:
     """Task ids of behaviour rows whose behaviour is timed past the episode's last simulator turn: a row's
     :data:`TIMING_KEYS` kwarg ``k`` needs turn ``k + 1`` of at most ``turn_budget`` (the override, else the row's
@@ -259,13 +268,9 @@ def unreachable_rows(rows: list[dict[str, Any]], turn_budget: int | None = None)
     (kwargs built for a longer budget than ``sim_rl.tasks.usersim_behavior.turn_budget``)."""
     out = []
     for row in rows:
-        ids = _json(row.get("behavior_ids"), [])
-        key = TIMING_KEYS.get(str(ids[0])) if ids else None
-        if key is None:
-            continue
-        at = _json(row.get("kwargs"), {}).get(key)
-        budget = int(turn_budget if turn_budget is not None else row.get("turn_budget") or 8)
-        if at is not None and int(at) > budget - 1:
+        behavior, kwargs = row_behavior(row)
+        at = kwargs.get(TIMING_KEYS.get(behavior, ""))
+        if at is not None and int(at) > episode_turn_budget(row, turn_budget) - 1:
             out.append(str(row.get("task_id")))
     return out
 
