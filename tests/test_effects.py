@@ -86,6 +86,26 @@ def test_sim_rl_reward_gain_over_windows():
     assert eff.sim_rl_reward_gain(None, [_roll(1, 0.5, source="usersim_tom")])["missing_reason"]
 
 
+def test_update_reward_gain_counts_the_format_failures_the_judged_score_leaves_out():
+    # the update reward (SPEC 2.3: a format failure scores 0) over the same windows, with the rollouts whose
+    # format failure left no judged score (raw None); first {1,2}: 0, 0, .2, .4 -> .15; last {5,6}: .6, .8 -> .7
+    def u(step, raw, upd, ff=0):
+        return {**_roll(step, raw, ff=ff), "update_reward": upd}
+    rolls = ([u(1, None, 0.0, ff=1), u(1, 0.3, 0.2), u(2, None, 0.0, ff=1), u(2, 0.4, 0.4)]
+             + [u(s, 0.5, 0.5) for s in (3, 4)] + [u(5, 0.6, 0.6), u(6, 0.8, 0.8),
+                                                  {**u(6, 1.0, 1.0), "invalid": "judge_failure"}])
+    g = eff.update_reward_gain(rolls)["update_reward"]
+    assert g["first"] == pytest.approx(0.15) and g["last"] == pytest.approx(0.7) and g["n"] == 6
+    assert g["gain"] == pytest.approx(0.55)
+    assert 0.2 <= g["ci"][0] < 0.55 < g["ci"][1] <= 0.8           # resamples span .6 - .4 .. .8 - 0
+    e = eff.sim_rl_reward_gain(None, rolls)                       # the headline stays the judged score: .35 -> .7
+    assert e["value"] == pytest.approx(0.35) and e["update_reward"] == g
+    assert eff.update_reward_gain(SIM_RL) == {}                   # rollouts without update_reward: nothing added
+    note = eff._behaviour_note({"passed": False, "mix_adjusted": 0.0, "neutral_share": [0.5, 0.5],
+                                "behavior_exhibit": [0.1, 0.1], "update_reward": g})
+    assert "update reward" in note and "0.150 -> 0.700 (+0.550 [" in note
+
+
 def _lab(step, b, raw, ex, g):
     return {**_roll(step, raw), "labels": {"behavior": b}, "components": {"exhibit": ex}, "group_id": g}
 

@@ -32,8 +32,8 @@ import numpy as np
 
 __all__ = ["N_BOOT", "SEED", "bootstrap_ci", "wilson_ci", "paired_differences", "make_effect", "missing",
            "midtrain_loss_ratio", "midtrain_vs_unigram", "sft_format_rate", "sim_rl_reward_gain",
-           "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs", "proportion_ci", "agent_vs",
-           "agent_vs_by_gym", "user_matters", "csd_coach_note_rate", "csd_note_use",
+           "update_reward_gain", "sim_rl_format_failure_end", "format_failures_by_task", "sim_eval_vs",
+           "proportion_ci", "agent_vs", "agent_vs_by_gym", "user_matters", "csd_coach_note_rate", "csd_note_use",
            "rank_spread", "EffectInputs", "compute_effects", "weights_sha256", "read_jsonl", "load_inputs",
            "PHASE_OF"]
 
@@ -226,16 +226,11 @@ def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequ
         first, last = _windows([int(r["step"]) for r in vals])
         a = [float(r["raw"]) for r in vals if int(r["step"]) in first]
         b = [float(r["raw"]) for r in vals if int(r["step"]) in last]
-        value = sum(b) / len(b) - sum(a) / len(a)
-        rng = np.random.default_rng(SEED)
-        ci = None
-        if len(a) >= 2 and len(b) >= 2:
-            reps = [rng.choice(b, len(b)).mean() - rng.choice(a, len(a)).mean() for _ in range(N_BOOT)]
-            ci = [float(x) for x in np.quantile(reps, [0.025, 0.975])]
+        value, ci = _window_gain(a, b)
         return make_effect(value, ci, target, value >= 0.1 and ci is not None and ci[0] > 0, unit="reward",
                            n=len(a) + len(b), ci_unit="rollout", first=sum(a) / len(a), last=sum(b) / len(b),
                            first_steps=sorted(first), last_steps=sorted(last), reward="raw judged score",
-                           **behaviour_breakdown(vals, first, last))
+                           **update_reward_gain(rollouts, task), **behaviour_breakdown(vals, first, last))
     pts = [(int(r["step"]), (r.get("metrics") or {}).get(f"reward/task/{task}")) for r in steps or []
            if r.get("kind") == "train"]
     pts = [(s, float(v)) for s, v in pts if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -245,6 +240,34 @@ def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequ
         return make_effect(b - a, None, target, False, unit="reward", n=len(pts), ci_note="no rollouts.jsonl: no CI",
                            first=a, last=b)
     return missing(target, f"no {task} rollouts in models/sim_rl (rollouts.jsonl / metrics.jsonl)", unit="reward")
+
+
+def _window_gain(a: Sequence[float], b: Sequence[float]) -> tuple[float, list[float] | None]:
+    """mean(b) - mean(a), with a bootstrap CI (each window resampled on its own; ``None`` under 2 in a window)."""
+    value = sum(b) / len(b) - sum(a) / len(a)
+    if len(a) < 2 or len(b) < 2:
+        return value, None
+    rng = np.random.default_rng(SEED)
+    reps = [rng.choice(b, len(b)).mean() - rng.choice(a, len(a)).mean() for _ in range(N_BOOT)]
+    return value, [float(x) for x in np.quantile(reps, [0.025, 0.975])]
+
+
+def update_reward_gain(rollouts: Sequence[Mapping[str, Any]] | None, task: str = "usersim_behavior") -> dict:
+    """The same windows' gain in the **update reward** (SPEC §2.3: a format failure sets it to 0; what GRPO
+    maximises), over every valid rollout of ``task``, those whose format failure left no judged score included.
+    Shown beside :func:`sim_rl_reward_gain` (the raw judged score, the issue's target), never instead of it: the
+    difference between the two is how much of the RL objective's rise is the format being repaired.
+    ``{}`` when no rollout records ``update_reward``."""
+    vals = [r for r in rollouts or [] if r.get("data_source") == task and r.get("invalid") is None
+            and isinstance(r.get("update_reward"), (int, float))]
+    if not vals:
+        return {}
+    first, last = _windows([int(r["step"]) for r in vals])
+    a = [float(r["update_reward"]) for r in vals if int(r["step"]) in first]
+    b = [float(r["update_reward"]) for r in vals if int(r["step"]) in last]
+    gain, ci = _window_gain(a, b)
+    return {"update_reward": {"first": sum(a) / len(a), "last": sum(b) / len(b), "gain": gain, "ci": ci,
+                              "n": len(a) + len(b)}}
 
 
 def behaviour_breakdown(vals: Sequence[Mapping[str, Any]], first: set[int], last: set[int]) -> dict[str, Any]:
@@ -314,6 +337,11 @@ def _behaviour_note(e: dict) -> str | None:
     if gv is not None:
         note += (f", and {100 * gv:.0f}% of their {e['behavior_groups']} groups differ in exhibit (the rest give "
                  f"the behaviour no advantage to learn from)")
+    u = e.get("update_reward")
+    if u:
+        uci = f" [{u['ci'][0]:+.3f}, {u['ci'][1]:+.3f}]" if u.get("ci") else ""
+        note += (f"; the update reward (a format failure scores 0: what GRPO maximises) went {u['first']:.3f} -> "
+                 f"{u['last']:.3f} ({u['gain']:+.3f}{uci})")
     return note
 
 
