@@ -255,9 +255,9 @@ def _window_gain(a: Sequence[float], b: Sequence[float]) -> tuple[float, list[fl
 def update_reward_gain(rollouts: Sequence[Mapping[str, Any]] | None, task: str = "usersim_behavior") -> dict:
     """The same windows' gain in the **update reward** (SPEC §2.3: a format failure sets it to 0; what GRPO
     maximises), over every valid rollout of ``task``, those whose format failure left no judged score included.
-    Shown beside :func:`sim_rl_reward_gain` (the raw judged score, the issue's target), never instead of it: a
-    rise of the update reward without one of the judged score comes from fewer format failures, not from the
-    behaviour. ``{}`` when no rollout records ``update_reward``."""
+    Shown beside :func:`sim_rl_reward_gain` (the raw judged score, the issue's target), never instead of it: the
+    difference between the two is how much of the RL objective's rise is the format being repaired.
+    ``{}`` when no rollout records ``update_reward``."""
     vals = [r for r in rollouts or [] if r.get("data_source") == task and r.get("invalid") is None
             and isinstance(r.get("update_reward"), (int, float))]
     if not vals:
