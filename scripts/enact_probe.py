@@ -103,9 +103,9 @@ def probe(checkpoint: str, params_path: str = "params.yaml", *, k: int = 8, seed
             convs.append({"conversation_id": r["conversation_id"], "split": split,
                           "messages": _to_messages(r["messages"])})
     by_id = {c["conversation_id"]: c for c in convs}
-    turns = enacting_turns(convs, meta, role=p.sft.train_role)
-    model, tok = load_model(checkpoint).eval(), load_tokenizer(checkpoint)
     role = p.sft.train_role
+    turns = enacting_turns(convs, meta, role=role)
+    model, tok = load_model(checkpoint).eval(), load_tokenizer(checkpoint)
     temp, top_p = p.sim_rl.rollout.temperature, p.sim_rl.rollout.top_p
     torch.manual_seed(seed)
     cells: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
@@ -125,7 +125,8 @@ def probe(checkpoint: str, params_path: str = "params.yaml", *, k: int = 8, seed
         hits = 0
         for row in out[:, start:]:
             think = tok.decode(row, skip_special_tokens=False).split("</think>")[0].replace("<think>", "")
-            hits += bool(clauses(think)) and clauses(think)[0].startswith(t["clause"][:24])
+            first = clauses(think)[:1]
+            hits += bool(first) and first[0].startswith(t["clause"][:24])
         cells[(t["split"], t["behavior"])].append((nll, hits / k))
     table = {}
     for split in ("train", "val"):
