@@ -124,6 +124,30 @@ def prepare_chain(root: Path, dest: Path, commit: str, seed: int, *, vary_world:
     load_params(p)          # a clear error now rather than a failed stage later
 
 
+RUNS_FILE = "chain_runs.jsonl"
+
+
+def record_run(dest: Path, entry: Mapping[str, Any]) -> None:
+    """Append one event (``start`` before a chain's ``dvc repro``, ``end`` after it) to the chain's run ledger
+    ``<dest>/chain_runs.jsonl`` (untracked; it survives the clone's moves between commits)."""
+    with (dest / RUNS_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(dict(entry)) + "\n")
+
+
+def runs_at_commit(dest: Path, commit: str) -> dict[str, Any]:
+    """What the ledger says of the chain's runs at ``commit``: ``wall_s_commit`` (the finished runs' wall time
+    summed: a chain resumed after an interruption or a failure took all of them, not only the last run),
+    ``runs_at_commit`` and ``interrupted_runs`` (started, never finished: their time is not known, so
+    ``wall_s_commit`` undercounts by it)."""
+    path = dest / RUNS_FILE
+    ev = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.is_file() else []
+    ev = [e for e in ev if e.get("commit") == commit]
+    ends = [e for e in ev if e.get("event") == "end"]
+    done = {e.get("t") for e in ends}
+    return {"wall_s_commit": sum(float(e.get("wall_s") or 0) for e in ends), "runs_at_commit": len(ends),
+            "interrupted_runs": sum(1 for e in ev if e.get("event") == "start" and e.get("t") not in done)}
+
+
 def targets_met(report: Mapping[str, Any]) -> tuple[int, int]:
     eff = report.get("effects") or {}
     return sum(1 for e in eff.values() if e.get("passed")), len(eff)
@@ -147,10 +171,13 @@ def run_chain(root: str, work_dir: str, seed: int, commit: str, vary_world: bool
         return {**base, "status": "failed", "reason": f"prepare: {type(exc).__name__}: {exc}", "wall_s": time.time() - t0}
     log = dest / "repro.log"
     print(f"[seeds] chain {label}: dvc repro in {dest} (log {log})")
+    record_run(dest, {"commit": commit, "event": "start", "t": t0})
     with log.open("a", encoding="utf-8") as fh:
         rc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=dest, stdout=fh, stderr=subprocess.STDOUT,
                             env=env).returncode
     wall = time.time() - t0
+    record_run(dest, {"commit": commit, "event": "end", "t": t0, "wall_s": wall, "rc": rc})
+    base.update(runs_at_commit(dest, commit))
     rep = dest / "metrics" / "report.json"
     if rc != 0 or not rep.is_file():
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]

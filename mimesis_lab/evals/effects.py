@@ -220,12 +220,8 @@ def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequ
     two windows (each resampled on its own). Without ``rollouts.jsonl``: the per-step ``reward/task/<task>``
     means of ``metrics.jsonl``, no CI."""
     target = ">= 0.1, CI excludes 0"
-    vals = [r for r in rollouts or [] if r.get("data_source") == task and r.get("invalid") is None
-            and isinstance(r.get("raw"), (int, float))]
+    vals, first, last, a, b = _task_windows(rollouts, task, "raw")
     if vals:
-        first, last = _windows([int(r["step"]) for r in vals])
-        a = [float(r["raw"]) for r in vals if int(r["step"]) in first]
-        b = [float(r["raw"]) for r in vals if int(r["step"]) in last]
         value, ci = _window_gain(a, b)
         return make_effect(value, ci, target, value >= 0.1 and ci is not None and ci[0] > 0, unit="reward",
                            n=len(a) + len(b), ci_unit="rollout", first=sum(a) / len(a), last=sum(b) / len(b),
@@ -242,6 +238,19 @@ def sim_rl_reward_gain(steps: Sequence[Mapping[str, Any]] | None, rollouts: Sequ
     return missing(target, f"no {task} rollouts in models/sim_rl (rollouts.jsonl / metrics.jsonl)", unit="reward")
 
 
+def _task_windows(rollouts: Sequence[Mapping[str, Any]] | None, task: str, field: str
+                  ) -> tuple[list[Mapping[str, Any]], set[int], set[int], list[float], list[float]]:
+    """The valid rollouts of ``task`` with a number in ``field``, the first and last third of their steps
+    (:func:`_windows`), and ``field``'s values in each window (empty lists when none)."""
+    vals = [r for r in rollouts or [] if r.get("data_source") == task and r.get("invalid") is None
+            and isinstance(r.get(field), (int, float))]
+    if not vals:
+        return [], set(), set(), [], []
+    first, last = _windows([int(r["step"]) for r in vals])
+    return (vals, first, last, [float(r[field]) for r in vals if int(r["step"]) in first],
+            [float(r[field]) for r in vals if int(r["step"]) in last])
+
+
 def _window_gain(a: Sequence[float], b: Sequence[float]) -> tuple[float, list[float] | None]:
     """mean(b) - mean(a), with a bootstrap CI (each window resampled on its own; ``None`` under 2 in a window)."""
     value = sum(b) / len(b) - sum(a) / len(a)
@@ -255,16 +264,13 @@ def _window_gain(a: Sequence[float], b: Sequence[float]) -> tuple[float, list[fl
 def update_reward_gain(rollouts: Sequence[Mapping[str, Any]] | None, task: str = "usersim_behavior") -> dict:
     """The same windows' gain in the **update reward** (SPEC §2.3: a format failure sets it to 0; what GRPO
     maximises), over every valid rollout of ``task``, those whose format failure left no judged score included.
-    Shown beside :func:`sim_rl_reward_gain` (the raw judged score, the issue's target), never instead of it: the
-    difference between the two is how much of the RL objective's rise is the format being repaired.
+    Shown beside :func:`sim_rl_reward_gain` (the raw judged score of the rollouts that have one, the issue's
+    target), never instead of it: the update reward also rises when fewer rollouts fail the format, so a rise of
+    it without one of the judged score is RL repairing the format, not the behaviour.
     ``{}`` when no rollout records ``update_reward``."""
-    vals = [r for r in rollouts or [] if r.get("data_source") == task and r.get("invalid") is None
-            and isinstance(r.get("update_reward"), (int, float))]
+    vals, _, _, a, b = _task_windows(rollouts, task, "update_reward")
     if not vals:
         return {}
-    first, last = _windows([int(r["step"]) for r in vals])
-    a = [float(r["update_reward"]) for r in vals if int(r["step"]) in first]
-    b = [float(r["update_reward"]) for r in vals if int(r["step"]) in last]
     gain, ci = _window_gain(a, b)
     return {"update_reward": {"first": sum(a) / len(a), "last": sum(b) / len(b), "gain": gain, "ci": ci,
                               "n": len(a) + len(b)}}

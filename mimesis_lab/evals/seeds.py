@@ -203,6 +203,15 @@ def _verdict(e: Mapping[str, Any]) -> str:
     return "**FAIL**" if v is False else "unreadable target"
 
 
+def chain_wall(c: Mapping[str, Any]) -> str:
+    """A chain's wall-time cell: its runs at the commit summed when it took more than one (a resumed chain:
+    ``1650 (3 runs, 1 interrupted)``, the interrupted runs' time not included), else its one run's."""
+    n, k = int(c.get("runs_at_commit") or 0), int(c.get("interrupted_runs") or 0)
+    if n > 1 or k:
+        return f"{fmt(c.get('wall_s_commit'), 0)} ({n + k} runs" + (f", {k} interrupted" if k else "") + ")"
+    return fmt(c.get("wall_s"), 0)
+
+
 def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Mapping[str, Any]],
                    identical: Sequence[tuple[str, str]] = (), *, commit: str = "", vary_world: bool = False) -> str:
     """``reports/seeds.md``: the chains (seed, status, wall time, targets met), then one row per effect with every
@@ -221,7 +230,7 @@ def seeds_markdown(pooled: Mapping[str, Mapping[str, Any]], chains: Sequence[Map
              "", "| Chain | Seed | Status | Wall time (s) | Targets met |", "|---|---|---|---|---|"]
     for c in chains:
         met = c.get("targets_met")
-        lines.append(f"| {c['label']} | {c.get('seed', '–')} | {c.get('status')} | {fmt(c.get('wall_s'), 0)} | "
+        lines.append(f"| {c['label']} | {c.get('seed', '–')} | {c.get('status')} | {chain_wall(c)} | "
                      f"{'–' if met is None else f'{met[0]} of {met[1]}'} |")
     for a, b in identical:
         lines += ["", f"- ⚠ **Identical chains:** `{a}` and `{b}` gave the same value for every effect: their seeds did "
