@@ -463,6 +463,12 @@ class SimRLParams(RLPhaseParams):
         "trajectory", description="Update rows: `trajectory`, one prefix-tree row per rollout (history tokens "
         "shared by its turns encoded once, a 4D attention mask; needs sdpa or eager attention); `turn`, one row "
         "per simulator turn (its whole prompt re-encoded). Same loss and gradient; bench/bench_sim_update.py.")
+    row_order: Literal["uniform", "stratified"] = Field(
+        "uniform", description="How a sampled task's row is picked. `uniform`: uniformly with replacement, "
+        "independently per draw (the reference). `stratified`: the next row of a shuffled pass over the task's "
+        "rows in which each behaviour (the row's `behavior_ids`) is spread evenly, so every window of steps "
+        "holds the behaviours and the neutral control in the data's proportions (jobs/sim_rl.py: "
+        "stratified_order); each row is still drawn equally often.")
     output_dir: str = Field("models/sim_rl", description="Checkpoints, rollouts.jsonl, metrics.jsonl, final/.")
     save_rollouts: bool = Field(True, description="Write every episode (public/private log, score, validity) to "
                                 "output_dir/rollouts.jsonl.")

@@ -8,7 +8,8 @@ import torch
 from mimesis_lab.envs.base import TaskScore
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows
 from mimesis_lab.rl.sim_batch import AccountingError, build_update_rows, step_metrics
-from mimesis_lab.jobs.sim_rl import sample_groups
+from mimesis_lab.jobs.sim_rl import TaskSampler, sample_groups, stratified_order
+from mimesis_lab.train.runtime import TrainConfigError
 from mimesis_lab.rollout.sim_rollout import Rollout, Segment
 
 
@@ -125,3 +126,49 @@ def test_sample_groups_follows_weights():
     share_a = sum(g["id"] == 1 for g in got) / len(got)
     assert abs(share_a - 0.75) < 0.03 and not any(g["id"] == 3 for g in got)
     assert sample_groups(rows, {"a": 1.0}, 5, random.Random(2)) == sample_groups(rows, {"a": 1.0}, 5, random.Random(2))
+
+
+def _beh_rows():
+    """The behaviour task's shape: 26 neutral rows of 82, the rest 4 to 5 rows of each of 13 behaviours."""
+    rows = [{"id": f"n{i}", "behavior_ids": "[]"} for i in range(26)]
+    rows += [{"id": f"b{i}", "behavior_ids": f'["B{1 + i % 13}"]'} for i in range(56)]
+    return rows
+
+
+def test_stratified_order_spreads_every_behaviour_evenly():
+    rows = _beh_rows()
+    order = stratified_order(rows, "7:usersim_behavior:epoch0")
+    assert sorted(order) == list(range(len(rows)))                      # one pass: every row once
+    assert order == stratified_order(rows, "7:usersim_behavior:epoch0")  # a pure function of the seed
+    assert order != stratified_order(rows, "7:usersim_behavior:epoch1")
+    for w in (10, 20, 40):                  # any run of w draws holds the neutral rows' share up to about a row
+        for s in range(len(rows) - w + 1):
+            n = sum(rows[i]["behavior_ids"] == "[]" for i in order[s:s + w])
+            assert abs(n - w * 26 / 82) <= 1.5, (w, s, n)
+    rows3 = [{"id": i} for i in range(5)]                                # no strata: a plain shuffle
+    assert sorted(stratified_order(rows3, "x")) == list(range(5))
+
+
+def test_task_sampler_stratified_windows_and_resume():
+    rows = {"usersim_behavior": _beh_rows(), "other": [{"id": "o1"}, {"id": "o2"}]}
+    w = {"usersim_behavior": 0.75, "other": 0.25}
+    strat = TaskSampler(rows, w, 4, seed=3, row_order="stratified")
+    seq = [strat.groups(s) for s in range(40)]
+    assert TaskSampler(rows, w, 4, seed=3, row_order="stratified").groups(17) == seq[17]   # resumed at step 17
+    assert strat.groups(5) == seq[5]                                     # asked again for an earlier step
+    beh = [g["id"] for step in seq for g in step if "behavior_ids" in g]
+    assert sorted(beh[:82]) == sorted(r["id"] for r in rows["usersim_behavior"])   # the first pass: each row once
+
+    def worst_window(groups):               # the largest miss of the neutral share over 13-step windows
+        out = 0.0
+        for s in range(0, 40 - 13 + 1):
+            b = [g for step in groups[s:s + 13] for g in step if "behavior_ids" in g]
+            out = max(out, abs(sum(g["behavior_ids"] == "[]" for g in b) - len(b) * 26 / 82))
+        return out
+    uni = TaskSampler(rows, w, 4, seed=3, row_order="uniform")
+    assert [uni.groups(s) for s in range(3)] == [sample_groups(rows, w, 4, random.Random(f"3:{s}")) for s in range(3)]
+    assert worst_window(seq) <= 1.5
+    assert max(worst_window([TaskSampler(rows, w, 4, seed=k, row_order="uniform").groups(s) for s in range(40)])
+               for k in range(5)) > 3          # uniform draws with replacement: the share left to chance
+    with pytest.raises(TrainConfigError, match="row_order"):
+        TaskSampler(rows, w, 4, seed=3, row_order="sorted")

@@ -118,12 +118,14 @@ def test_resume_extends_a_run_exactly(tmp_path):
     from safetensors.torch import load_file
 
     sim_rl_signal.build(tmp_path, steps=4)
-    straight = _variant(tmp_path, "straight", steps=4, save_every=2, prompts_per_step=2, rollouts_per_prompt=4)
-    first = _variant(tmp_path, "resumed", steps=2, save_every=2, prompts_per_step=2, rollouts_per_prompt=4)
+    # stratified rows: the resumed job must replay the earlier steps' task draws to find each task's position
+    kw = dict(save_every=2, prompts_per_step=2, rollouts_per_prompt=4, row_order="stratified")
+    straight = _variant(tmp_path, "straight", steps=4, **kw)
+    first = _variant(tmp_path, "resumed", steps=2, **kw)
     for p in (straight, first):
         res = _job(p, tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
-    second = _variant(tmp_path, "resumed", steps=4, save_every=2, prompts_per_step=2, rollouts_per_prompt=4)
+    second = _variant(tmp_path, "resumed", steps=4, **kw)
     res = _job(second, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stdout + res.stderr

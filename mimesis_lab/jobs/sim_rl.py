@@ -8,8 +8,9 @@ Launch (one process per rank; the training flow does this for ``dvc repro``)::
 One step, top to bottom in :func:`train_sim_rl`:
 
 1. **Sample** ``prompts_per_step`` task rows jointly: task ``d ~ p(d)`` (the ``weight`` of
-   ``sim_rl.tasks``), then a row of ``d`` uniformly (:func:`sample_groups`; a pure function of
-   ``(seed, step)``, so a resumed run samples the same tasks). Rank ``k`` takes groups ``k, k+W, …``
+   ``sim_rl.tasks``), then a row of ``d``: uniformly (``row_order: uniform``, :func:`sample_groups`) or the next
+   of a pass over ``d``'s rows that spreads the behaviours evenly (``stratified``, :func:`stratified_order`);
+   :class:`TaskSampler`, a pure function of ``(seed, step)``, so a resumed run samples the same tasks. Rank ``k`` takes groups ``k, k+W, …``
    (data parallel over whole groups: FoldGRPO needs a whole group).
 2. **Roll out** ``rollouts_per_prompt`` episodes per row with the *current* policy (colocated: the
    transformers backend reads the DeepSpeed module's weights in place; a vLLM engine is refreshed
@@ -36,7 +37,7 @@ from mimesis_lab.train.runtime import TrainConfigError, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
 
-__all__ = ["sample_groups", "train_sim_rl", "main"]
+__all__ = ["sample_groups", "stratified_order", "TaskSampler", "train_sim_rl", "main"]
 
 SUMMARY_KEYS = ("reward/raw_mean", "reward/update_mean", "format_failure_rate", "invalid_rate", "judge/exhibit",
                 "announced_rate", "neutral_cooperativeness")
@@ -55,6 +56,89 @@ def sample_groups(task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[
         d = rng.choices(names, weights=w, k=1)[0]
         out.append(task_rows[d][rng.randrange(len(task_rows[d]))])
     return out
+
+
+def row_stratum(row: dict[str, Any]) -> str:
+    """The stratum of a task row for ``row_order: stratified``: a behaviour-task row's ``behavior_ids`` as
+    written (``["B2"]``; ``[]`` for the neutral control), ``""`` for rows without (one stratum)."""
+    return str(row.get("behavior_ids") or "")
+
+
+def stratified_order(rows: Sequence[dict[str, Any]], seed: str) -> list[int]:
+    """One pass over ``rows`` (a permutation of their indices) in which every stratum (:func:`row_stratum`) is
+    spread evenly: each stratum's rows are shuffled, then dealt by smooth weighted round robin — every position
+    adds ``m / n`` to each stratum's credit (``m`` of its rows out of ``n``; the credits start at ``U[0, 1)``)
+    and the stratum with the most credit (ties in a seeded random order) gives its next row and loses 1. Every
+    prefix then holds each stratum in proportion up to about one row, so any run of consecutive draws does up
+    to about two, where uniform draws with replacement leave the share to chance (the behaviour task: 26 neutral
+    rows of 82, a 13-step window of about 40 draws holds 13 ± 3 of them). Every row is drawn once per pass, so
+    each row is drawn as often as under uniform draws. A pure function of ``seed``."""
+    rng = random.Random(seed)
+    by: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by.setdefault(row_stratum(r), []).append(i)
+    labels = sorted(by)
+    for lab in labels:
+        rng.shuffle(by[lab])
+    rng.shuffle(labels)                         # the tie order
+    n = len(rows)
+    credit = {lab: rng.random() for lab in labels}
+    left = {lab: list(by[lab]) for lab in labels}
+    out: list[int] = []
+    for _ in range(n):
+        for lab in labels:
+            credit[lab] += len(by[lab]) / n
+        lab = max((x for x in labels if left[x]), key=lambda x: credit[x])
+        credit[lab] -= 1.0
+        out.append(left[lab].pop(0))
+    return out
+
+
+class TaskSampler:
+    """The step's groups under ``row_order`` (``sim_rl.row_order``). ``uniform``: :func:`sample_groups` with
+    ``random.Random(f"{seed}:{step}")``, as the reference. ``stratified``: the task ``d ~ p(d)`` drawn the same
+    way, the row the next one of ``d``'s current pass (:func:`stratified_order`, a new pass per epoch seeded by
+    ``(seed, d, epoch)``). Both are pure functions of ``(seed, step)``: a resumed run samples the same rows
+    (the stratified sampler replays the task draws of the earlier steps to find each task's position)."""
+
+    def __init__(self, task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[str, float], n: int,
+                 seed: int, row_order: str = "uniform"):
+        if row_order not in ("uniform", "stratified"):
+            raise TrainConfigError(f"sim_rl.row_order: {row_order!r} is neither uniform nor stratified")
+        self.task_rows, self.weights, self.n, self.seed, self.row_order = task_rows, weights, n, seed, row_order
+        self.names = [d for d in sorted(weights) if weights[d] > 0 and task_rows.get(d)]
+        if not self.names:
+            raise TrainConfigError("sim_rl: no task with a positive weight has any rows")
+        self._next_step, self._drawn = 0, {d: 0 for d in self.names}
+        self._passes: dict[tuple[str, int], list[int]] = {}
+
+    def _tasks(self, step: int) -> list[str]:
+        rng = random.Random(f"{self.seed}:{step}")
+        w = [float(self.weights[d]) for d in self.names]
+        return [rng.choices(self.names, weights=w, k=1)[0] for _ in range(self.n)]
+
+    def _row(self, d: str) -> dict[str, Any]:
+        rows, c = self.task_rows[d], self._drawn[d]
+        epoch, k = divmod(c, len(rows))
+        if (d, epoch) not in self._passes:
+            self._passes = {key: v for key, v in self._passes.items() if key[0] != d}
+            self._passes[(d, epoch)] = stratified_order(rows, f"{self.seed}:{d}:epoch{epoch}")
+        self._drawn[d] = c + 1
+        return rows[self._passes[(d, epoch)][k]]
+
+    def groups(self, step: int) -> list[dict[str, Any]]:
+        """The ``n`` task rows of ``step``."""
+        if self.row_order == "uniform":
+            return sample_groups(self.task_rows, self.weights, self.n, random.Random(f"{self.seed}:{step}"))
+        if step < self._next_step:                       # asked again for an earlier step: replay from 0
+            self._next_step, self._drawn = 0, {d: 0 for d in self.names}
+        while self._next_step < step:                    # the earlier steps' draws move each task's position
+            for d in self._tasks(self._next_step):
+                self._drawn[d] += 1
+            self._next_step += 1
+        out = [self._row(d) for d in self._tasks(step)]
+        self._next_step = step + 1
+        return out
 
 
 def task_context(cfg: Any) -> Any:
@@ -104,6 +188,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
             "task_rows": {d: len(r) for d, r in task_rows.items()}, "task_rows_skipped": skipped,
             "behavior_rows_unreachable": len(late), **job.info()}
 
+    sampler = TaskSampler(task_rows, weights, cfg.prompts_per_step, cfg.seed, cfg.row_order)
     run = StepRun(phase, cfg, engine, tokenizer, fingerprint, rank, world, show=SHOW, t_start=job.t_start)
     ok = False
     try:
@@ -112,7 +197,7 @@ def train_sim_rl(phase: str, params: Any) -> dict[str, Any] | None:
             t0 = time.perf_counter()
             lr = set_lr(optimizer, lr_at(step, cfg.steps, cfg.lr, cfg.warmup_ratio, cfg.min_lr_ratio))
             # 1. sample the step's groups; this rank's share
-            groups = sample_groups(task_rows, weights, cfg.prompts_per_step, random.Random(f"{cfg.seed}:{step}"))
+            groups = sampler.groups(step)
             episodes, ids = [], []
             for gi in range(rank, len(groups), world):
                 gid = f"s{step}g{gi}"
