@@ -10,8 +10,8 @@ One step, top to bottom in :func:`train_sim_rl`:
 1. **Sample** ``prompts_per_step`` task rows jointly: task ``d ~ p(d)`` (the ``weight`` of
    ``sim_rl.tasks``), then a row of ``d``: uniformly (``row_order: uniform``, :func:`sample_groups`) or the next
    of a pass over ``d``'s rows that spreads the behaviours evenly (``stratified``, :func:`stratified_order`);
-   :class:`TaskSampler`, a pure function of ``(seed, step)``, so a resumed run samples the same tasks. Rank ``k`` takes groups ``k, k+W, …``
-   (data parallel over whole groups: FoldGRPO needs a whole group).
+   :class:`TaskSampler`, a pure function of ``(seed, step)``, so a resumed run samples the same tasks. Rank
+   ``k`` takes groups ``k, k+W, …`` (data parallel over whole groups: FoldGRPO needs a whole group).
 2. **Roll out** ``rollouts_per_prompt`` episodes per row with the *current* policy (colocated: the
    transformers backend reads the DeepSpeed module's weights in place; a vLLM engine is refreshed
    with them before the step), one batched generation call per round over every unfinished episode.
@@ -81,16 +81,19 @@ def stratified_order(rows: Sequence[dict[str, Any]], seed: str) -> list[int]:
     for lab in labels:
         rng.shuffle(by[lab])
     rng.shuffle(labels)                         # the tie order
+    if len(labels) <= 1:                        # one stratum: a plain shuffle
+        return by[labels[0]] if labels else []
     n = len(rows)
     credit = {lab: rng.random() for lab in labels}
-    left = {lab: list(by[lab]) for lab in labels}
+    taken = dict.fromkeys(labels, 0)
     out: list[int] = []
     for _ in range(n):
         for lab in labels:
             credit[lab] += len(by[lab]) / n
-        lab = max((x for x in labels if left[x]), key=lambda x: credit[x])
+        lab = max((x for x in labels if taken[x] < len(by[x])), key=lambda x: credit[x])
         credit[lab] -= 1.0
-        out.append(left[lab].pop(0))
+        out.append(by[lab][taken[lab]])
+        taken[lab] += 1
     return out
 
 
