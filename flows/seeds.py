@@ -134,18 +134,18 @@ def record_run(dest: Path, entry: Mapping[str, Any]) -> None:
         fh.write(json.dumps(dict(entry)) + "\n")
 
 
-def runs_at_commit(dest: Path, commit: str) -> dict[str, Any]:
-    """What the ledger says of the chain's runs at ``commit``: ``wall_s_commit`` (the finished runs' wall time
-    summed: a chain resumed after an interruption or a failure took all of them, not only the last run),
-    ``runs_at_commit`` and ``interrupted_runs`` (started, never finished: their time is not known, so
-    ``wall_s_commit`` undercounts by it)."""
+def run_ledger(dest: Path) -> dict[str, Any]:
+    """What the chain's ledger says of all its runs: ``wall_s_all`` (the finished runs' wall time summed — a
+    chain resumed after an interruption, or moved to a later commit that re-ran some stages, took all of them,
+    while the last run alone may have re-run nothing), ``runs`` (finished), ``interrupted_runs`` (started, never
+    finished: their time is not known, so ``wall_s_all`` undercounts by it) and ``commits`` (distinct commits run)."""
     path = dest / RUNS_FILE
     ev = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.is_file() else []
-    ev = [e for e in ev if e.get("commit") == commit]
     ends = [e for e in ev if e.get("event") == "end"]
     done = {e.get("t") for e in ends}
-    return {"wall_s_commit": sum(float(e.get("wall_s") or 0) for e in ends), "runs_at_commit": len(ends),
-            "interrupted_runs": sum(1 for e in ev if e.get("event") == "start" and e.get("t") not in done)}
+    return {"wall_s_all": sum(float(e.get("wall_s") or 0) for e in ends), "runs": len(ends),
+            "interrupted_runs": sum(1 for e in ev if e.get("event") == "start" and e.get("t") not in done),
+            "commits": len({e.get("commit") for e in ev})}
 
 
 def targets_met(report: Mapping[str, Any]) -> tuple[int, int]:
@@ -177,7 +177,7 @@ def run_chain(root: str, work_dir: str, seed: int, commit: str, vary_world: bool
                             env=env).returncode
     wall = time.time() - t0
     record_run(dest, {"commit": commit, "event": "end", "t": t0, "wall_s": wall, "rc": rc})
-    base.update(runs_at_commit(dest, commit))
+    base.update(run_ledger(dest))
     rep = dest / "metrics" / "report.json"
     if rc != 0 or not rep.is_file():
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]

@@ -132,23 +132,23 @@ def test_seeds_markdown_rows():
     assert "Pooled over 2 chains: 1 of 1 targets met, 0 of them with the whole interval" in md
 
 
-def test_chain_wall_sums_a_resumed_chains_runs(tmp_path):
-    from flows.seeds import record_run, runs_at_commit
+def test_chain_wall_counts_every_run_of_a_resumed_chain(tmp_path):
+    from flows.seeds import record_run, run_ledger
 
-    record_run(tmp_path, {"commit": "old", "event": "start", "t": 1.0})
-    record_run(tmp_path, {"commit": "old", "event": "end", "t": 1.0, "wall_s": 900.0, "rc": 0})
+    assert run_ledger(tmp_path) == {"wall_s_all": 0, "runs": 0, "interrupted_runs": 0, "commits": 0}
+    record_run(tmp_path, {"commit": "c0", "event": "start", "t": 1.0})
+    record_run(tmp_path, {"commit": "c0", "event": "end", "t": 1.0, "wall_s": 900.0, "rc": 0})
+    one = run_ledger(tmp_path)
+    assert S.chain_wall({"wall_s": 900.0, **one}) == "900"                             # one run: its own time
     record_run(tmp_path, {"commit": "c1", "event": "start", "t": 2.0})             # killed: never ends
     record_run(tmp_path, {"commit": "c1", "event": "start", "t": 3.0})
-    record_run(tmp_path, {"commit": "c1", "event": "end", "t": 3.0, "wall_s": 1200.0, "rc": 1})
+    record_run(tmp_path, {"commit": "c1", "event": "end", "t": 3.0, "wall_s": 300.0, "rc": 1})
     record_run(tmp_path, {"commit": "c1", "event": "start", "t": 4.0})
     record_run(tmp_path, {"commit": "c1", "event": "end", "t": 4.0, "wall_s": 2.0, "rc": 0})
-    runs = runs_at_commit(tmp_path, "c1")                        # the run at the older commit is not summed
-    assert runs == {"wall_s_commit": 1202.0, "runs_at_commit": 2, "interrupted_runs": 1}
-    assert S.chain_wall({"wall_s": 2.0, **runs}) == "1202 (3 runs, 1 interrupted)"
-    assert S.chain_wall({"wall_s": 2.0, **runs_at_commit(tmp_path, "old")}) == "2"     # one run: its own time
+    runs = run_ledger(tmp_path)
+    assert runs == {"wall_s_all": 1202.0, "runs": 3, "interrupted_runs": 1, "commits": 2}
+    assert S.chain_wall({"wall_s": 2.0, **runs}) == "2 (4 runs: 1202 s in all, 1 interrupted, at 2 commits)"
     assert S.chain_wall({"wall_s": None}) == "–"                                       # the workspace chain
-    assert runs_at_commit(tmp_path / "nowhere", "c1") == {"wall_s_commit": 0, "runs_at_commit": 0,
-                                                          "interrupted_runs": 0}
 
 
 # ----------------------------------------------------------------------------- the chain's params

@@ -204,11 +204,13 @@ def _verdict(e: Mapping[str, Any]) -> str:
 
 
 def chain_wall(c: Mapping[str, Any]) -> str:
-    """A chain's wall-time cell: its runs at the commit summed when it took more than one (a resumed chain:
-    ``1650 (3 runs, 1 interrupted)``, the interrupted runs' time not included), else its one run's."""
-    n, k = int(c.get("runs_at_commit") or 0), int(c.get("interrupted_runs") or 0)
-    if n > 1 or k:
-        return f"{fmt(c.get('wall_s_commit'), 0)} ({n + k} runs" + (f", {k} interrupted" if k else "") + ")"
+    """A chain's wall-time cell: its last run's time, and when its ledger (``flows/seeds.py: run_ledger``) holds
+    more than one run, all of them: ``2 (3 runs: 1652 s in all, 1 interrupted, at 2 commits)`` — a resumed chain's
+    last run may have re-run nothing; the interrupted runs' time is not counted."""
+    n, k, m = int(c.get("runs") or 0), int(c.get("interrupted_runs") or 0), int(c.get("commits") or 0)
+    if n + k > 1:
+        return (f"{fmt(c.get('wall_s'), 0)} ({n + k} runs: {fmt(c.get('wall_s_all'), 0)} s in all"
+                + (f", {k} interrupted" if k else "") + (f", at {m} commits" if m > 1 else "") + ")")
     return fmt(c.get("wall_s"), 0)
 
 
