@@ -8,7 +8,7 @@ import torch
 from mimesis_lab.envs.base import TaskScore
 from mimesis_lab.rl.policy import micro_chunks, minibatch_indices, pad_update_rows
 from mimesis_lab.rl.sim_batch import AccountingError, build_update_rows, step_metrics
-from mimesis_lab.jobs.sim_rl import TaskSampler, sample_groups, stratified_order
+from mimesis_lab.jobs.sim_rl import TaskSampler, sample_groups, stratified_order, weighted_tasks
 from mimesis_lab.train.runtime import TrainConfigError
 from mimesis_lab.rollout.sim_rollout import Rollout, Segment
 
@@ -172,3 +172,13 @@ def test_task_sampler_stratified_windows_and_resume():
                for k in range(5)) > 3          # uniform draws with replacement: the share left to chance
     with pytest.raises(TrainConfigError, match="row_order"):
         TaskSampler(rows, w, 4, seed=3, row_order="sorted")
+
+
+def test_weighted_tasks_keeps_weighted_tasks_with_rows():
+    rows = {"b": [{"id": 1}], "a": [{"id": 2}], "empty": [], "off": [{"id": 3}]}
+    assert weighted_tasks(rows, {"b": 2, "a": 0.5, "empty": 1.0, "off": 0.0, "missing": 1.0}) == (["a", "b"],
+                                                                                                [0.5, 2.0])
+    for sampler in (lambda: sample_groups(rows, {"off": 0.0, "empty": 3.0}, 2, random.Random(0)),
+                    lambda: TaskSampler(rows, {"off": 0.0, "empty": 3.0}, 2, seed=0, row_order="stratified")):
+        with pytest.raises(TrainConfigError, match="no task with a positive weight has any rows"):
+            sampler()

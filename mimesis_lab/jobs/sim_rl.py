@@ -37,20 +37,27 @@ from mimesis_lab.train.runtime import TrainConfigError, gather, job_main, set_lr
 from mimesis_lab.train.schedule import lr_at
 from mimesis_lab.train.step_run import StepRun
 
-__all__ = ["sample_groups", "stratified_order", "TaskSampler", "train_sim_rl", "main"]
+__all__ = ["weighted_tasks", "sample_groups", "stratified_order", "TaskSampler", "train_sim_rl", "main"]
 
 SUMMARY_KEYS = ("reward/raw_mean", "reward/update_mean", "format_failure_rate", "invalid_rate", "judge/exhibit",
                 "announced_rate", "neutral_cooperativeness")
 SHOW = ("reward/raw_mean", "reward/update_mean", "format_failure_rate", "invalid_total", "update/ppo_loss")
 
 
-def sample_groups(task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[str, float], n: int,
-                  rng: random.Random) -> list[dict[str, Any]]:
-    """``n`` rows drawn jointly: ``d ~ p(d) = w_d / sum(w)`` over tasks with rows, then a row of ``d`` uniformly."""
+def weighted_tasks(task_rows: dict[str, Sequence[dict[str, Any]]],
+                   weights: dict[str, float]) -> tuple[list[str], list[float]]:
+    """The tasks ``d`` of ``p(d) = w_d / sum(w)`` (sorted: those with a positive weight and rows) and their
+    weights; no such task is a :class:`TrainConfigError`."""
     names = [d for d in sorted(weights) if weights[d] > 0 and task_rows.get(d)]
     if not names:
         raise TrainConfigError("sim_rl: no task with a positive weight has any rows")
-    w = [float(weights[d]) for d in names]
+    return names, [float(weights[d]) for d in names]
+
+
+def sample_groups(task_rows: dict[str, Sequence[dict[str, Any]]], weights: dict[str, float], n: int,
+                  rng: random.Random) -> list[dict[str, Any]]:
+    """``n`` rows drawn jointly: ``d ~ p(d) = w_d / sum(w)`` over tasks with rows, then a row of ``d`` uniformly."""
+    names, w = weighted_tasks(task_rows, weights)
     out = []
     for _ in range(n):
         d = rng.choices(names, weights=w, k=1)[0]
@@ -109,16 +116,13 @@ class TaskSampler:
         if row_order not in ("uniform", "stratified"):
             raise TrainConfigError(f"sim_rl.row_order: {row_order!r} is neither uniform nor stratified")
         self.task_rows, self.weights, self.n, self.seed, self.row_order = task_rows, weights, n, seed, row_order
-        self.names = [d for d in sorted(weights) if weights[d] > 0 and task_rows.get(d)]
-        if not self.names:
-            raise TrainConfigError("sim_rl: no task with a positive weight has any rows")
+        self.names, self._w = weighted_tasks(task_rows, weights)
         self._next_step, self._drawn = 0, {d: 0 for d in self.names}
         self._passes: dict[tuple[str, int], list[int]] = {}
 
     def _tasks(self, step: int) -> list[str]:
-        rng = random.Random(f"{self.seed}:{step}")
-        w = [float(self.weights[d]) for d in self.names]
-        return [rng.choices(self.names, weights=w, k=1)[0] for _ in range(self.n)]
+        rng = random.Random(f"{self.seed}:{step}")           # d ~ p(d) per group; the rows come from the passes
+        return [rng.choices(self.names, weights=self._w, k=1)[0] for _ in range(self.n)]
 
     def _row(self, d: str) -> dict[str, Any]:
         rows, c = self.task_rows[d], self._drawn[d]
