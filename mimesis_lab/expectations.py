@@ -119,8 +119,9 @@ SYSTEM_ONLY_FIRST = Derived(
 ALTERNATES = Derived(
     "alternates",
     pl.when(_roles().list.first() == "system").then(_roles().list.slice(1)).otherwise(_roles())
-    .list.eval(_alternating("assistant", "user")).list.first(),
-    doc="messages after the system message alternate assistant/user, starting with assistant", show=ROLES_SHOWN,
+    .list.eval(_alternating("assistant", "user") | _alternating("user", "assistant")).list.first(),
+    doc="messages after the system message alternate assistant/user (the partner may open: a support agent's "
+        "greeting)", show=ROLES_SHOWN,
 )
 ASSISTANT_THINKS = Derived(
     "assistant_thinks",

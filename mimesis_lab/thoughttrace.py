@@ -67,14 +67,16 @@ def think_block(reasons: Sequence[str], reactions: Sequence[str] = ()) -> str:
 
 
 def is_alternating(types: Sequence[str]) -> tuple[bool, str | None]:
-    """Strict alternation starting with the user; returns (ok, reason)."""
+    """Strict alternation with at least one user message; returns (ok, reason). The AI may open (a support
+    agent's greeting: it becomes the first user-role message, the context of the first target, as the
+    behaviour task's replayed opening is in simulator RL)."""
     if not types:
         return False, "empty conversation"
-    if types[0] != "user":
-        return False, f"first message is {types[0]!r}, expected 'user'"
     for i in range(1, len(types)):
         if types[i] == types[i - 1]:
             return False, f"messages {i - 1} and {i} are both {types[i]!r}"
+    if "user" not in types:
+        return False, "no user message (an AI opening alone has no target)"
     return True, None
 
 

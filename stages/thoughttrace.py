@@ -120,17 +120,17 @@ def system_prompt_expr() -> pl.Expr:
 
 
 def alternation_reason() -> pl.Expr:
-    """Null when messages strictly alternate starting with the user, else the reason."""
+    """Null when messages strictly alternate and hold a user message (the AI may open:
+    :func:`mimesis_lab.thoughttrace.is_alternating`), else the reason."""
     types = pl.col("messages").list.eval(pl.element().struct.field("type"))
     repeat_at = types.list.eval((pl.element() == pl.element().shift(1)).fill_null(False).arg_max())
     has_repeat = types.list.eval(pl.element() == pl.element().shift(1)).list.any()
-    first = types.list.first()
     pos = repeat_at.list.first()
     return (
-        pl.when(first != "user")
-        .then(pl.format("non-alternating: first message is '{}', expected 'user'", first))
-        .when(has_repeat)
+        pl.when(has_repeat)
         .then(pl.format("non-alternating: messages {} and {} are both '{}'", pos - 1, pos, types.list.get(pos)))
+        .when(~types.list.contains("user"))
+        .then(pl.lit("no user message (an AI opening alone has no target)"))
     )
 
 

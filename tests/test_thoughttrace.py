@@ -54,7 +54,8 @@ def test_helpers():
     assert think_block(["a", "b"], ["r"]) == "Reaction to the last reply: r\na\nb"
     assert is_alternating(["user", "assistant", "user"]) == (True, None)
     assert is_alternating(["user", "user"])[1] == "messages 0 and 1 are both 'user'"
-    assert is_alternating(["assistant"])[0] is False
+    assert is_alternating(["assistant"]) == (False, "no user message (an AI opening alone has no target)")
+    assert is_alternating(["assistant", "user", "assistant"]) == (True, None)       # the AI may open
     assert build_system_prompt(None, None, None).count("\n") == 0
 
 
@@ -77,13 +78,31 @@ def test_stage_matches_reference_function(in_tmp):
         assert row["include_reactions"] is inc
 
 
+def test_an_ai_opening_is_the_first_targets_context(in_tmp):
+    """A support agent's greeting before the user's first message (as simulator RL's behaviour task replays
+    it) is kept: it becomes a user-role message, and its reaction reaches the first think block."""
+    rec = json.loads(json.dumps(RECORD))
+    rec["id"] = "user7_task3_conversation1"
+    rec["messages"].insert(0, {"type": "assistant", "content": "Hello! How may I help you today?",
+                               "reactions": [{"content": "friendly", "label": "satisfied"}]})
+    for inc in (False, True):
+        r = _run(in_tmp, [rec], include_reactions=inc)
+        assert r.rows_out == 1
+        row = r.frame("data/processed/thoughttrace.parquet").row(0, named=True)
+        assert row["messages"] == format_conversation(rec, inc)
+        assert row["messages"][1] == {"role": "user", "content": "Hello! How may I help you today?"}
+        assert row["messages"][2]["content"].startswith(
+            "<think>Reaction to the last reply: friendly\nI wanted" if inc else "<think>I wanted")
+        assert row["n_target_turns"] == 2
+
+
 def test_malformed_thoughttrace_rows(in_tmp):
     r = run_thoughttrace(ThoughtTraceParams(input=str(MALFORMED)))
     q = r.quarantine.to_frame()
     reasons = dict(zip(q["row"].to_list(), q["reason"].to_list()))
     assert r.rows_in == 10 and r.rows_out == 1 and r.rows_in == r.rows_out + q.height
     assert reasons[2] == "non-alternating: messages 0 and 1 are both 'user'"
-    assert reasons[3] == "non-alternating: first message is 'assistant', expected 'user'"
+    assert reasons[3] == "no user message (an AI opening alone has no target)"
     assert "length >= 1 - at `$.messages`" in reasons[4]
     assert "Invalid enum value 'system' - at `$.messages[1].type`" in reasons[5]
     assert "at `$.id`" in reasons[6]

@@ -211,11 +211,17 @@ def test_builders_skip_malformed_with_reasons():
     empty_turn["turns"][2]["content"] = "  "
     convs = [_conv(), no_turns, one_turn, starts_ai, empty_turn, _conv(), {"user_id": "x"}]
     rows, skipped = ut.build_rows_with_skips("next_turn", convs)
-    assert {r["conversation_id"] for r in rows} == {"c1"}
+    assert {r["conversation_id"] for r in rows} == {"c1", "ai_first"}
     reasons = dict(skipped)
     assert reasons["bad1"] == "missing turns and messages"
     assert reasons["short"] == "no human turn after the first"
-    assert "first message" in reasons["ai_first"]
+    # the AI may open (a support agent's greeting): its message is the first context turn, in the user role
+    opened = next(r for r in rows if r["conversation_id"] == "ai_first")
+    assert opened["context"][0] == {"role": "user", "content": A0} and "ai_first" not in reasons
+    ai_only = _conv("ai_only")
+    ai_only["turns"] = ai_only["turns"][1:2]
+    assert dict(ut.build_rows_with_skips("persona", [ai_only])[1])["ai_only"] == \
+        "no user message (an AI opening alone has no target)"
     assert reasons["empty"] == "empty user turn"
     assert ("c1", "duplicate conversation_id") in skipped
     assert ("<row 6>", "missing conversation_id") in skipped

@@ -223,6 +223,34 @@ def test_behaviour_enactment_gives_reward_variance(files):
     assert set(e["exhibited_by_behavior"]) == {f"B{i}" for i in range(1, 14)}
 
 
+def test_support_conversations_open_as_the_behaviour_task_does(world, files, stages_run):
+    """The simulator's first support turn is trained in the context simulator RL's behaviour task gives it: the
+    agent's greeting (the replayed opening, SPEC 2.4) as the first user-role message. A WildChat chat opens
+    with the user."""
+    import mimesis_lab.envs.behavior_task as BTask
+    from mimesis_lab.envs.base import TaskContext
+    from mimesis_lab.judges.abcd_agent import GREETING
+
+    root, proj = world[0], Path(stages_run["_proj"]["path"])
+    tt, meta, chats = files[0], files[1], files[4]
+    support = {m["id"] for m in meta if m["domain"] == "support"}
+    assert support and all(r["messages"][0] == {**r["messages"][0], "type": "assistant", "content": GREETING}
+                           and r["messages"][1]["type"] == "user" for r in tt if r["id"] in support)
+    assert all(r["messages"][0]["type"] == "user" for r in tt if r["id"] not in support)
+    assert all(c["conversation"][0]["role"] == "user" for c in chats)
+    formatted = pl.read_parquet(proj / "data" / "processed" / "thoughttrace.parquet")
+    sft = [m for cid, m in zip(formatted["conversation_id"], formatted["messages"]) if cid in support]
+    assert len(sft) == len(support)
+    row = pl.read_parquet(proj / "data" / "processed" / "behavior_tasks.parquet").row(0, named=True)
+    ctx = TaskContext(kb=load_kb(root / "abcd" / "kb.json"),
+                      guidelines=load_guidelines(root / "abcd" / "guidelines.json"))
+    rl = BTask.BehaviorEpisode(row, ctx, random.Random(0)).messages()
+    assert [m["role"] for m in rl] == ["system", "user"]
+    for m in sft:
+        assert [x["role"] for x in m[:3]] == ["system", "user", "assistant"] and m[1] == rl[1]
+        assert m[2]["content"].startswith("<think>")
+
+
 def test_public_context_predicts_hidden_preferences(files):
     """Read from public text only (requests, guessing-game categories), two-fold over users."""
     tt, _, pop, travel, chats = files

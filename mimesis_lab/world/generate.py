@@ -28,7 +28,7 @@ from mimesis_lab.world.abcd_manual import GUIDELINES, KB
 from mimesis_lab.world.gymtasks import gym_files
 from mimesis_lab.world.params import CHAT_SOURCES, TT_DOMAINS, WorldParams
 from mimesis_lab.world.population import User, sample_population
-from mimesis_lab.world.style import Dialogue, plain, say
+from mimesis_lab.world.style import Dialogue, Turn, plain, say
 
 __all__ = ["generate_world", "draw_dialogue"]
 
@@ -122,12 +122,13 @@ def tt_record(d: Dialogue, cid: str, rng: random.Random) -> dict[str, Any]:
     u = d.user
     t = datetime(2025, 3, 1) + timedelta(minutes=rng.randint(0, 60 * 24 * 60))
     msgs = []
-    for i, m in enumerate(d.turns):
+    turns = [Turn("assistant", text) for text in d.opening] + d.turns
+    for i, m in enumerate(turns):
         t += timedelta(seconds=rng.randint(10, 120))
         note_t = _iso(t + timedelta(seconds=rng.randint(5, 40)))
         msg: dict[str, Any] = {"id": f"m{i + 1}", "timestamp": _iso(t), "type": m.role, "content": m.content}
         if m.role == "user":
-            msg["reasons"] = [{"content": m.reason, "label": "task_start" if i == 0 else "follow_up",
+            msg["reasons"] = [{"content": m.reason, "label": "task_start" if i == len(d.opening) else "follow_up",
                                "timestamp": note_t}] if m.reason else []
         else:
             msg["reactions"] = [{"content": m.reaction, "label": "reaction", "timestamp": note_t}] if m.reaction else []

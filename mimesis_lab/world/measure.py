@@ -66,7 +66,8 @@ def enactment(tt: list[dict[str, Any]], meta: list[dict[str, Any]]) -> dict[str,
         if m["domain"] != "support" or m.get("behavior") in (None, "N"):
             continue
         rec = by_id[m["id"]]
-        log = [{"role": "agent", "content": GREETING}]
+        opened = bool(rec["messages"]) and rec["messages"][0]["type"] == "assistant"
+        log = [] if opened else [{"role": "agent", "content": GREETING}]
         priv = []
         for x in rec["messages"]:
             log.append({"role": "user" if x["type"] == "user" else "agent", "content": x["content"]})
@@ -121,7 +122,8 @@ def context_prediction(tt: list[dict[str, Any]], population: list[dict[str, Any]
     phrase = {v[0]: k for k, v in L.PURPOSES.items()}
     rx = re.compile("|".join(re.escape(p) for p in phrase))
     purpose_of: dict[str, str] = {}
-    texts = [(rec["id"].split("_")[0], rec["messages"][0]["content"].lower()) for rec in tt]
+    texts = [(rec["id"].split("_")[0], next(m for m in rec["messages"] if m["type"] == "user")["content"].lower())
+             for rec in tt if any(m["type"] == "user" for m in rec["messages"])]
     texts += [(t["world_user"], t["request"].lower()) for t in travel_tasks or []]
     texts += [(r["hashed_ip"], r["conversation"][0]["content"].lower()) for r in chats or []]
     for uid, text in texts:

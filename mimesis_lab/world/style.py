@@ -136,6 +136,9 @@ class Dialogue:
     def __init__(self, user: User, domain: str, summary: str, expectation: str):
         self.user, self.domain, self.summary, self.expectation = user, domain, summary, expectation
         self.turns: list[Turn] = []
+        #: the partner's messages before the user's first turn (a support agent's greeting), in the
+        #: ThoughtTrace record only: a WildChat conversation opens with the user
+        self.opening: list[str] = []
         self.hidden: list[str] = []
         self.meta: dict = {}
 

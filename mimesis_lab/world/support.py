@@ -324,8 +324,9 @@ def _b11_opening(c: Customer, text: str) -> str:
 
 def support_dialogue(u: User, rng: random.Random, sc: dict[str, Any], behavior: str, kwargs: dict[str, Any],
                      enact: bool, max_user_turns: int, budget: int = 8) -> tuple[Dialogue, list[dict[str, str]]]:
-    """One support chat with the scripted agent; returns the dialogue (ThoughtTrace view, starting
-    with the customer) and the public log (starting with the agent's greeting, as in simulator RL)."""
+    """One support chat with the scripted agent; returns the dialogue (its ThoughtTrace record opens with the
+    agent's greeting, the WildChat one with the customer) and the public log (starting with the greeting, as in
+    simulator RL)."""
     sub = sc["subflow"]
     prompt = system_prompt(sc, sub, behavior, kwargs, budget).split("\n")
     d = Dialogue(u, "support", "\n".join(prompt[:-2]), "\n".join(prompt[-2:]))
@@ -333,6 +334,7 @@ def support_dialogue(u: User, rng: random.Random, sc: dict[str, Any], behavior: 
     d.hidden = [str(kwargs[k]) for k in ("withheld_value", "criterion_value", "true_value") if kwargs.get(k)]
     agent = ABCDSupportAgent(sc, KB, GUIDELINES, sc["flow"], sub)
     cust = Customer(u, sc, behavior, kwargs, enact, rng)
+    d.opening = [GREETING]            # the opening simulator RL's behaviour task replays (SPEC 2.4)
     log = [{"role": "agent", "content": GREETING}]
     text, reason = cust.opening()
     if cust.on and behavior == "B11":
