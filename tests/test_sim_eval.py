@@ -246,6 +246,20 @@ def test_fidelity_episode_replays_the_assistant_and_stops(ctx):
     assert pre.messages()[0]["content"].startswith("You are role-playing the USER (not the assistant)")
 
 
+def test_fidelity_episode_starts_with_the_recorded_opening(ctx):
+    row = {"conversation_id": "c", "system_prompt": "S", "opening": ["hello, how can I help?"],
+           "human_turns": ["a", "b"], "ai_replies": ["x", "y"]}
+    ep = FidelityEpisode(row, ctx, random.Random(0), turn_budget=2)
+    assert ep.messages() == [{"role": "system", "content": "S"}, {"role": "user", "content": "hello, how can I help?"}]
+    assert ep.observe(parse_reply("<think>r</think>hi"), "hi") is False
+    assert ep.messages()[-1] == {"role": "user", "content": "x"}            # the reply recorded after turn 1
+    ep.observe(parse_reply("<think>r</think>more"), "more")
+    assert [t["role"] for t in ep.real_conversation()] == [t["role"] for t in ep.sim_conversation()] == [
+        "assistant", "user", "assistant", "user"]
+    assert ep.real_conversation()[0] == ep.sim_conversation()[0] == {"role": "assistant",
+                                                                      "content": "hello, how can I help?"}
+
+
 def test_difficulty_and_bins(ctx):
     assert difficulty_bins([2, 3, 5, 5], 3) == [0, 1, 2, 2]
     assert difficulty_bins([4, 4], 3) == [0, 0]

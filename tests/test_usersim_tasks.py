@@ -295,6 +295,24 @@ def test_persona_episode_replays_recorded_replies():
         "on_task": 1.0, "in_role": 1.0, "profile_ok": 1.0, "length_ok": 1.0}
 
 
+def test_persona_episode_opens_with_the_recorded_ai_opening():
+    """A conversation the AI opens (a support agent's greeting): the greeting is the simulator's first context,
+    as in its SFT data, and the replies after its turns are the ones recorded after the user's turns."""
+    conv = _conv("opened")
+    conv["turns"].insert(0, {"role": "assistant", "content": "Hello! How may I help you today?", "reasons": [],
+                             "reactions": []})
+    row = ut.build_persona_rows([conv])[0]
+    assert row["opening"] == ["Hello! How may I help you today?"] and row["ai_replies"] == [A0, A1, A2]
+    assert ut.build_persona_rows([_conv()])[0]["opening"] == []
+    ep = _episode(row, turn_budget=2)
+    assert ep.messages() == [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": "Hello! How may I help you today?"}]
+    assert _say(ep, "start", "can you write a cover letter for my ICU nurse job") is False
+    assert [m["content"] for m in ep.messages()[1:]] == [
+        "Hello! How may I help you today?", "can you write a cover letter for my ICU nurse job", A0]
+    assert ep.public_log[0] == {"role": "assistant", "content": "Hello! How may I help you today?"}
+
+
 def test_persona_turn_budget_default_and_cap():
     row = ut.build_persona_rows([_conv()])[0]
     ep = _episode(row)  # default 3 == number of human turns

@@ -292,8 +292,9 @@ class NextTurnEpisode(_UserSimEpisode):
 class PersonaEpisode(_UserSimEpisode):
     """Talk, as the profiled user, with the replayed recorded assistant for ``turn_budget`` turns.
 
-    ``turn_budget = min(ctx.option("usersim_persona", "turn_budget", 3), #human turns)``. After the
-    simulator's turn ``j`` (not the last) the ``j``-th recorded AI reply is shown. Reward = mean over
+    ``turn_budget = min(ctx.option("usersim_persona", "turn_budget", 3), #human turns)``. The recorded AI
+    opening (``opening``: a support agent's greeting before the user's first message, if any) comes first;
+    after the simulator's turn ``j`` (not the last) the ``j``-th recorded AI reply is shown. Reward = mean over
     simulator turns of :func:`persona_turn_score` (options ``copy_ngram`` 10, ``max_words`` 120).
     """
 
@@ -305,7 +306,9 @@ class PersonaEpisode(_UserSimEpisode):
         n_human = len(row.get("human_turns") or []) or len(self.ai_replies)
         opt = int(ctx.option(PERSONA, "turn_budget", 3))
         self.turn_budget = max(1, min(opt, n_human, len(self.ai_replies) + 1))
-        self._chat: list[dict[str, str]] = []
+        self.opening = [str(r) for r in (row.get("opening") or [])]
+        self._chat: list[dict[str, str]] = [{"role": "user", "content": o} for o in self.opening]
+        self.public_log.extend({"role": "assistant", "content": o} for o in self.opening)
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": str(self.row["system_prompt"])}] + list(self._chat)
@@ -329,7 +332,7 @@ class PersonaEpisode(_UserSimEpisode):
         max_w = int(self.ctx.option(PERSONA, "max_words", 120))
         scores, comps = [], Counter()
         for j, turn in enumerate(self.private_log):
-            prev = self.ai_replies[j - 1] if j >= 1 else ""
+            prev = self.ai_replies[j - 1] if j >= 1 else (self.opening[-1] if self.opening else "")
             s, c = persona_turn_score(turn["content"], task=task, expectations=exp, prev_reply=prev,
                                       profile=profile, copy_ngram=copy_n, max_words=max_w)
             scores.append(s)
@@ -443,9 +446,11 @@ def _persona(conv, turns, sp, max_per):
         return [], None
     info = parse_system_prompt(sp)
     row = _base(conv, PERSONA, f"{conv['conversation_id']}#persona")
+    first = next(i for i, t in enumerate(turns) if t["role"] == "user")       # after the AI's opening, if any
     row.update(system_prompt=sp, task=info["task"], expectations=info["expectations"], profile=info["profile"],
+               opening=[t["content"] for t in turns[:first]],
                human_turns=[t["content"] for t in turns if t["role"] == "user"],
-               ai_replies=[t["content"] for t in turns if t["role"] == "assistant"])
+               ai_replies=[t["content"] for t in turns[first:] if t["role"] == "assistant"])
     return [row], None
 
 

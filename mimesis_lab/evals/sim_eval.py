@@ -110,7 +110,8 @@ def _assistant_reply(payload: dict[str, Any]) -> str:
 class FidelityEpisode(SimEpisode):
     """The simulated user of one held-out conversation talking to the fixed assistant (not a training task).
 
-    ``row``: a ``usersim_persona`` row (``system_prompt``, ``human_turns``, ``ai_replies``, ids). At most
+    ``row``: a ``usersim_persona`` row (``system_prompt``, ``opening``, ``human_turns``, ``ai_replies``, ids).
+    The recorded AI opening (a support agent's greeting, if any) comes first, in both conversations. At most
     ``cap = min(turn_budget, #human turns)`` simulator turns; it ends early on goodbye / ``###STOP###`` or
     when the replayed assistant has no reply left. ``assistant=None`` replays ``ai_replies``.
     """
@@ -125,7 +126,9 @@ class FidelityEpisode(SimEpisode):
         self.ai_replies = [str(t) for t in row.get("ai_replies") or []]
         self.cap = max(1, min(int(turn_budget), len(self.human_turns) or 1))
         self.assistant = assistant
-        self._chat: list[dict[str, str]] = []
+        self.opening = [str(t) for t in row.get("opening") or []]
+        self._chat: list[dict[str, str]] = [{"role": "user", "content": o} for o in self.opening]
+        self.public_log.extend({"role": "assistant", "content": o} for o in self.opening)
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": str(self.row["system_prompt"])}] + list(self._chat)
@@ -149,7 +152,7 @@ class FidelityEpisode(SimEpisode):
 
     def real_conversation(self) -> list[dict[str, str]]:
         """The real user's first ``cap`` turns with the assistant turns between them."""
-        out: list[dict[str, str]] = []
+        out: list[dict[str, str]] = [{"role": "assistant", "content": o} for o in self.opening]
         for k, u in enumerate(self.human_turns[:self.cap]):
             if k:
                 out.append({"role": "assistant", "content": self.ai_replies[k - 1] if k - 1 < len(self.ai_replies)
